@@ -1,0 +1,1 @@
+"""Conformance suite: fixtures, runner and backend adapters (see README)."""

@@ -1,0 +1,153 @@
+"""The backend protocol: what an adapter receives and what it returns.
+
+An adapter certifies one implementation against the fixtures. It receives a
+:class:`Call` (numpy inputs in float64, the function to run, which inputs to
+differentiate, and one cotangent per output) and returns a :class:`Result`
+(outputs and gradients as numpy arrays). Everything framework-specific stays
+inside the adapter; the runner only compares numpy arrays.
+
+Minimal third-party adapter::
+
+    import numpy as np
+    from conformance.protocol import Backend, Result
+
+    class MyBackend(Backend):
+        name = "mine"
+        requires = ("my_kernels",)       # skipped with a reason if not importable
+        dtypes = ("float64", "float32")
+
+        def supports(self, call):
+            return call.function == "scaled_dot_product_attention"
+
+        def run(self, call, dtype):
+            ...                           # compute outputs and vjp
+            return Result(outputs={"out": out, "weights": w},
+                          grads={"q": dq, "k": dk, "v": dv})
+
+and ``python -m conformance --backend my_pkg.my_module:MyBackend``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+#: Output names per function. Functions not listed return one array, "out".
+OUTPUTS = {
+    "softmax": ("out",),
+    "scaled_dot_product_attention": ("out", "weights"),
+    "additive_attention": ("out", "weights"),
+    "multi_head_attention": ("out", "weights"),
+}
+
+
+def output_names(function: str) -> tuple[str, ...]:
+    return OUTPUTS.get(function, ("out",))
+
+
+@dataclasses.dataclass
+class Call:
+    """One invocation of a public function, framework-neutral.
+
+    Attributes:
+      case: the case name, e.g. ``"mha/cross/padding+causal"``.
+      function: the public function name shared by all mirrors, e.g.
+        ``"multi_head_attention"``; ``module`` is its file (``"attention"``).
+      kwargs: every argument by name, nested like the Python call: float
+        arrays are float64 numpy arrays, masks bool, lengths/tokens int,
+        ``params`` a nested dict (lists for ``layers``), config values plain
+        Python (``num_heads``, ``norm_first``, ``dropout_p``, ...).
+      wrt: flattened names of the float inputs to differentiate, e.g.
+        ``("query", "key", "value", "params.w_q", ...,
+        "params.layers.0.ffn.w_1")``. Empty for functions with no gradient.
+      cotangents: one float64 array per output name (see ``output_names``);
+        the gradient asked for is that of ``sum(out * cotangents["out"]) +
+        sum(weights * cotangents["weights"])``.
+      expect_error: for error cases, the exception type name that must be
+        raised (``"ValueError"`` / ``"TypeError"``); None otherwise.
+    """
+
+    case: str
+    function: str
+    module: str
+    kwargs: dict
+    wrt: tuple = ()
+    cotangents: dict = dataclasses.field(default_factory=dict)
+    expect_error: str | None = None
+
+
+@dataclasses.dataclass
+class Result:
+    """What an adapter returns, all numpy arrays (any float dtype).
+
+    ``outputs`` maps output names to arrays. An adapter whose path cannot
+    return attention weights (a fused kernel) leaves ``"weights"`` out; it is
+    then compared against the gradients of ``sum(out * cotangents["out"])``
+    alone. ``grads`` maps every name in ``Call.wrt`` to its gradient.
+    """
+
+    outputs: Mapping[str, Any]
+    grads: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Backend:
+    """Base class for adapters; subclass and override ``run``."""
+
+    #: name shown in the report
+    name: str = "unnamed"
+    #: modules that must import for this backend to run (else it is skipped)
+    requires: Sequence[str] = ()
+    #: dtypes this backend runs, from "float64", "float32", "bfloat16", "float16"
+    dtypes: Sequence[str] = ("float64", "float32")
+
+    def setup(self, device: str | None = None) -> None:
+        """Called once before any case, e.g. to set precision flags."""
+
+    def supports(self, call: Call) -> bool:
+        """False to skip a case this backend does not implement."""
+        return True
+
+    def run(self, call: Call, dtype: str | None) -> Result:
+        """Run ``call`` in ``dtype`` and return outputs and gradients.
+
+        ``dtype`` is None for error cases: convert arrays without changing
+        their dtype, call the forward function, and let its exception rise.
+        """
+        raise NotImplementedError
+
+
+def flatten(tree, prefix: str = "") -> dict:
+    """Nested dicts/lists of arrays -> ``{"a.b.0.c": array}``."""
+    out = {}
+    if isinstance(tree, Mapping):
+        items = tree.items()
+    elif isinstance(tree, (list, tuple)):
+        items = ((str(i), v) for i, v in enumerate(tree))
+    else:
+        return {prefix: tree}
+    for key, value in items:
+        name = f"{prefix}.{key}" if prefix else str(key)
+        out.update(flatten(value, name))
+    return out
+
+
+def get_path(tree, path: str):
+    """``get_path(kwargs, "params.layers.0.ffn.w_1")``."""
+    node = tree
+    for part in path.split("."):
+        node = node[int(part)] if isinstance(node, (list, tuple)) else node[part]
+    return node
+
+
+def map_arrays(tree, fn):
+    """Apply ``fn`` to every numpy array leaf of a nested dict/list."""
+    if isinstance(tree, Mapping):
+        return {k: map_arrays(v, fn) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [map_arrays(v, fn) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(map_arrays(v, fn) for v in tree)
+    if isinstance(tree, np.ndarray):
+        return fn(tree)
+    return tree
