@@ -1,1 +1,594 @@
-__all__ = []
+"""Attention in pure numpy: softmax, scaled dot-product, additive (Bahdanau)
+and multi-head attention, each with a hand-derived backward pass.
+
+Shape legend: ``B`` batch, ``H`` heads, ``Lq`` query length, ``Lk`` key/value
+length, ``D`` model width, ``Dh = D / H``, ``Dk``/``Dv`` key/value widths,
+``Dq`` additive-attention query width, ``A`` additive-attention width.
+
+Masks are boolean, ``True`` = may attend. Masking is *selection* (``np.where``),
+never ``-1e9`` arithmetic: a score that is masked or equal to ``-inf`` is left
+out of the softmax, so a fully masked row gets weights 0, output 0 and
+gradient 0 instead of a uniform average over padding (the ``-1e9`` tutorial
+version) or ``0 / 0 = NaN``.
+
+Every ``f_backward(d_out, <f's arguments>)`` recomputes the forward pass and
+walks it back one chain-rule step per line; it returns a dict keyed by
+argument name. For functions returning ``(out, weights)``, ``d_out`` is the
+cotangent of ``out`` or a tuple ``(d_out, d_weights)``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._checks import (
+    check_bool,
+    check_broadcastable,
+    check_divisible,
+    check_params,
+    check_probability,
+    check_rank,
+    check_same_float_dtype,
+    check_shape,
+    shape_str,
+)
+
+__all__ = [
+    "softmax",
+    "scaled_dot_product_attention",
+    "additive_attention",
+    "multi_head_attention",
+    "init_multi_head_attention",
+    "init_additive_attention",
+    "softmax_backward",
+    "scaled_dot_product_attention_backward",
+    "additive_attention_backward",
+    "multi_head_attention_backward",
+]
+
+_MHA_KEYS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
+_ADDITIVE_KEYS = ("w_1", "w_2", "v")
+
+
+# --------------------------------------------------------------------------
+# softmax
+# --------------------------------------------------------------------------
+
+
+def softmax(x, axis=-1, mask=None):
+    """Masked, numerically stable softmax.
+
+    ``p = exp(x - max_valid(x)) / sum_valid(exp(x - max_valid(x)))`` over
+    ``axis``, where an entry is *valid* iff ``mask`` is True there and
+    ``x != -inf``. Invalid entries get 0; a row without valid entries is all 0
+    (not NaN, not uniform).
+
+    Args:
+      x: float array of any shape.
+      axis: the axis to normalise over.
+      mask: optional bool array broadcastable to ``x.shape`` (True = keep).
+
+    Returns:
+      ``p``, same shape and dtype as ``x``; rows sum to 1 or to 0.
+    """
+    _check_softmax(x, mask)
+    return _masked_softmax(x, mask, axis)
+
+
+def softmax_backward(d_out, x, axis=-1, mask=None):
+    """Gradient of :func:`softmax`: ``dx = p * (d_out - sum(d_out * p, axis))``.
+
+    Args:
+      d_out: cotangent of ``p``, shape of ``x``.
+      x, axis, mask: as for :func:`softmax`.
+
+    Returns:
+      ``{"x": dx}``; masked entries and fully masked rows get 0.
+    """
+    _check_softmax(x, mask)
+    letters = _axis_letters(x.ndim)
+    check_same_float_dtype({"x": x, "d_out": d_out})
+    check_shape(d_out, "d_out", letters, dict(zip(letters, x.shape)))
+    p = _masked_softmax(x, mask, axis)  # shape of x
+    return {"x": _softmax_grad(p, d_out, axis)}  # shape of x
+
+
+def _masked_softmax(x, mask, axis):
+    valid = x != -np.inf
+    if mask is not None:
+        valid = valid & mask
+    # Row max over the valid entries only; an empty row's max is set to 0 so
+    # that no ``-inf - (-inf)`` is ever computed.
+    m = np.max(np.where(valid, x, -np.inf), axis=axis, keepdims=True)
+    m = np.where(m == -np.inf, 0.0, m)
+    e = np.where(valid, np.exp(np.where(valid, x, m) - m), 0.0)
+    s = np.sum(e, axis=axis, keepdims=True)
+    return e / np.where(s > 0, s, 1.0)  # an empty row: 0 / 1 = 0
+
+
+def _softmax_grad(p, dp, axis=-1):
+    return p * (dp - np.sum(dp * p, axis=axis, keepdims=True))
+
+
+# --------------------------------------------------------------------------
+# scaled dot-product attention
+# --------------------------------------------------------------------------
+
+
+def scaled_dot_product_attention(
+    q, k, v, mask=None, bias=None, scale=None, dropout_p=0.0, dropout_mask=None, rng=None
+):
+    """Scaled dot-product attention (Vaswani et al. 2017, eq. 1).
+
+    ``weights = softmax(q @ kᵀ * scale + bias, mask)``,
+    ``out = dropout(weights) @ v``, ``scale = 1 / sqrt(Dk)`` unless given.
+
+    Args:
+      q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
+      k: ``(*batch, Lk, Dk)``.
+      v: ``(*batch, Lk, Dv)``.
+      mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
+      bias: optional float, broadcastable to ``(*batch, Lq, Lk)``, added to
+        the scores before masking; ``-inf`` entries count as masked.
+      scale: optional float multiplying ``q @ kᵀ``.
+      dropout_p: dropout probability on the weights, in ``[0, 1)``.
+      dropout_mask: optional bool keep-mask ``(*batch, Lq, Lk)``; drawn from
+        ``rng`` when ``dropout_p > 0`` and it is None.
+      rng: optional ``numpy.random.Generator``.
+
+    Returns:
+      ``(out (*batch, Lq, Dv), weights (*batch, Lq, Lk))``; ``weights`` is
+      the softmax *before* dropout; a fully masked row gives 0 in both.
+    """
+    _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask)
+    scale = _scale(q, scale)
+    scores = q @ np.swapaxes(k, -1, -2) * scale  # (*batch, Lq, Lk)
+    if bias is not None:
+        scores = scores + bias  # (*batch, Lq, Lk)
+    weights = _masked_softmax(scores, mask, -1)  # (*batch, Lq, Lk)
+    keep = _keep_mask(dropout_p, dropout_mask, rng, weights.shape)
+    dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
+    return dropped @ v, weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
+
+
+def scaled_dot_product_attention_backward(
+    d_out, q, k, v, mask=None, bias=None, scale=None, dropout_p=0.0, dropout_mask=None, rng=None
+):
+    """Gradient of :func:`scaled_dot_product_attention`.
+
+    With ``s = q kᵀ * scale + bias``, ``p = softmax(s)``, ``p' = dropout(p)``,
+    ``out = p' v``: ``dv = p'ᵀ d_out``, ``dp = (d_out vᵀ) * keep / (1 - p_drop)
+    + d_weights``, ``ds = p * (dp - sum(dp * p))``, ``dq = ds k * scale``,
+    ``dk = dsᵀ q * scale``, ``dbias = ds`` summed to bias's shape.
+
+    Args:
+      d_out: cotangent of ``out`` ``(*batch, Lq, Dv)``, or a tuple
+        ``(d_out, d_weights)`` with ``d_weights (*batch, Lq, Lk)`` or None.
+      q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng: as for the
+        forward; ``dropout_p > 0`` needs the ``dropout_mask`` it ran with.
+
+    Returns:
+      ``{"q", "k", "v"}`` and ``"bias"`` (bias's own shape) when bias is given.
+    """
+    _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask)
+    _require_dropout_mask(dropout_p, dropout_mask)
+    batch = _batch_letters(q.ndim)
+    scores_shape = (*q.shape[:-1], k.shape[-2])
+    d_out, d_weights = _check_cotangents(
+        d_out, q, "q",
+        ((*batch, "Lq", "Dv"), (*q.shape[:-1], v.shape[-1])),
+        ((*batch, "Lq", "Lk"), scores_shape),
+    )
+    scale = _scale(q, scale)
+    scores = q @ np.swapaxes(k, -1, -2) * scale  # (*batch, Lq, Lk)
+    if bias is not None:
+        scores = scores + bias  # (*batch, Lq, Lk)
+    p = _masked_softmax(scores, mask, -1)  # (*batch, Lq, Lk)
+    keep = _keep_mask(dropout_p, dropout_mask, None, p.shape)
+    dropped = _dropout(p, keep, dropout_p)  # (*batch, Lq, Lk)
+
+    dv = np.swapaxes(dropped, -1, -2) @ d_out  # (*batch, Lk, Dv)
+    d_dropped = d_out @ np.swapaxes(v, -1, -2)  # (*batch, Lq, Lk)
+    dp = _dropout(d_dropped, keep, dropout_p)  # (*batch, Lq, Lk)
+    if d_weights is not None:
+        dp = dp + d_weights  # (*batch, Lq, Lk)
+    ds = _softmax_grad(p, dp)  # (*batch, Lq, Lk)
+    dq = ds @ k * scale  # (*batch, Lq, Dk)
+    dk = np.swapaxes(ds, -1, -2) @ q * scale  # (*batch, Lk, Dk)
+    grads = {"q": dq, "k": dk, "v": dv}
+    if bias is not None:
+        grads["bias"] = _sum_to_shape(ds, bias.shape)  # bias.shape
+    return grads
+
+
+# --------------------------------------------------------------------------
+# additive (Bahdanau) attention
+# --------------------------------------------------------------------------
+
+
+def additive_attention(query, keys, params, mask=None):
+    """Additive attention (Bahdanau et al. 2015).
+
+    ``e[b, i, j] = v · tanh(keys[b, j] @ w_1 + query[b, i] @ w_2)``,
+    ``weights = softmax(e, mask)`` over ``j``, ``context = weights @ keys``.
+    The keys are also the values, as in the paper.
+
+    Args:
+      query: ``(B, Lq, Dq)`` decoder states.
+      keys: ``(B, Lk, Dk)`` encoder states.
+      params: ``{"w_1": (Dk, A), "w_2": (Dq, A), "v": (A,)}``.
+      mask: optional bool broadcastable to ``(B, Lq, Lk)``; a 4-D mask with a
+        head axis of size 1 (``padding_mask``'s ``(B, 1, 1, Lk)``) is accepted
+        and the head axis dropped.
+
+    Returns:
+      ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
+    """
+    mask = _check_additive(query, keys, params, mask)
+    t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
+    e = t @ params["v"]  # (B, Lq, Lk)
+    weights = _masked_softmax(e, mask, -1)  # (B, Lq, Lk)
+    return weights @ keys, weights  # (B, Lq, Dk), (B, Lq, Lk)
+
+
+def additive_attention_backward(d_out, query, keys, params, mask=None):
+    """Gradient of :func:`additive_attention`.
+
+    With ``t = tanh(keys w_1 + query w_2)`` (broadcast to ``(B, Lq, Lk, A)``),
+    ``e = t v``, ``p = softmax(e)``, ``context = p keys``:
+    ``dkeys = pᵀ d_ctx + (sum_i dt') w_1ᵀ``, ``dp = d_ctx keysᵀ + d_weights``,
+    ``de = p * (dp - sum(dp * p))``, ``dv = sum de * t``,
+    ``dt' = de v (1 - t²)``, ``dquery = (sum_j dt') w_2ᵀ``.
+
+    Args:
+      d_out: cotangent of ``context`` ``(B, Lq, Dk)``, or a tuple
+        ``(d_context, d_weights)`` with ``d_weights (B, Lq, Lk)`` or None.
+      query, keys, params, mask: as for the forward.
+
+    Returns:
+      ``{"query", "keys", "params": {"w_1", "w_2", "v"}}``.
+    """
+    mask = _check_additive(query, keys, params, mask)
+    (B, Lq, _), (_, Lk, Dk) = query.shape, keys.shape
+    d_ctx, d_weights = _check_cotangents(
+        d_out, query, "query", (("B", "Lq", "Dk"), (B, Lq, Dk)), (("B", "Lq", "Lk"), (B, Lq, Lk))
+    )
+    t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
+    p = _masked_softmax(t @ params["v"], mask, -1)  # (B, Lq, Lk)
+
+    d_keys = np.swapaxes(p, -1, -2) @ d_ctx  # (B, Lk, Dk)
+    dp = d_ctx @ np.swapaxes(keys, -1, -2)  # (B, Lq, Lk)
+    if d_weights is not None:
+        dp = dp + d_weights  # (B, Lq, Lk)
+    de = _softmax_grad(p, dp)  # (B, Lq, Lk)
+    dv = np.einsum("bij,bija->a", de, t)  # (A,)
+    d_pre = de[..., None] * params["v"] * (1.0 - t * t)  # (B, Lq, Lk, A)
+    d_query_proj = d_pre.sum(axis=2)  # (B, Lq, A)
+    d_keys_proj = d_pre.sum(axis=1)  # (B, Lk, A)
+    d_query = d_query_proj @ params["w_2"].T  # (B, Lq, Dq)
+    d_keys = d_keys + d_keys_proj @ params["w_1"].T  # (B, Lk, Dk)
+    dw_1 = np.einsum("bjd,bja->da", keys, d_keys_proj)  # (Dk, A)
+    dw_2 = np.einsum("bid,bia->da", query, d_query_proj)  # (Dq, A)
+    return {"query": d_query, "keys": d_keys, "params": {"w_1": dw_1, "w_2": dw_2, "v": dv}}
+
+
+def _additive_hidden(query, keys, params):
+    keys_proj = keys @ params["w_1"]  # (B, Lk, A)
+    query_proj = query @ params["w_2"]  # (B, Lq, A)
+    return np.tanh(query_proj[:, :, None, :] + keys_proj[:, None, :, :])  # (B, Lq, Lk, A)
+
+
+# --------------------------------------------------------------------------
+# multi-head attention
+# --------------------------------------------------------------------------
+
+
+def multi_head_attention(
+    query, key, value, params, num_heads, *, mask=None, bias=None,
+    dropout_p=0.0, dropout_mask=None, rng=None,
+):
+    """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
+
+    ``head_h = attention(query w_q[:, h], key w_k[:, h], value w_v[:, h])``,
+    ``out = concat(head_1 .. head_H) @ w_o + b_o`` (with biases ``b_q``,
+    ``b_k``, ``b_v`` on the projections), attention scaled by ``1/sqrt(Dh)``.
+
+    Args:
+      query: ``(B, Lq, D)``.
+      key, value: ``(B, Lk, D)`` (``Lq != Lk`` is cross-attention).
+      params: ``{"w_q", "w_k", "w_v", "w_o": (D, D), "b_q", "b_k", "b_v",
+        "b_o": (D,)}``, ``y = x @ w + b``.
+      num_heads: ``H``; must divide ``D``.
+      mask, bias: optional, broadcastable to ``(B, H, Lq, Lk)``.
+      dropout_p, dropout_mask, rng: dropout on the attention weights;
+        ``dropout_mask (B, H, Lq, Lk)``.
+
+    Returns:
+      ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
+    """
+    _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)
+    # 1) project, 2) split heads
+    qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
+    # 3) attend
+    heads, weights = scaled_dot_product_attention(
+        qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng
+    )  # (B, H, Lq, Dh), (B, H, Lq, Lk)
+    # 4) concat
+    concat = _merge_heads(heads)  # (B, Lq, D)
+    # 5) output projection
+    return concat @ params["w_o"] + params["b_o"], weights  # (B, Lq, D), (B, H, Lq, Lk)
+
+
+def multi_head_attention_backward(
+    d_out, query, key, value, params, num_heads, *, mask=None, bias=None,
+    dropout_p=0.0, dropout_mask=None, rng=None,
+):
+    """Gradient of :func:`multi_head_attention`, the forward steps in reverse.
+
+    ``d_concat = d_out w_oᵀ``, ``dw_o = concatᵀ d_out``, ``db_o = sum d_out``;
+    split ``d_concat`` into heads; :func:`scaled_dot_product_attention_backward`;
+    merge the head gradients; for each projection ``y = x w + b``:
+    ``dx = dy wᵀ``, ``dw = xᵀ dy``, ``db = sum dy``.
+
+    Args:
+      d_out: cotangent of ``out`` ``(B, Lq, D)``, or a tuple
+        ``(d_out, d_weights)`` with ``d_weights (B, H, Lq, Lk)`` or None.
+      query, key, value, params, num_heads, mask, bias, dropout_p,
+        dropout_mask, rng: as for the forward; ``dropout_p > 0`` needs the
+        ``dropout_mask`` it ran with.
+
+    Returns:
+      ``{"query", "key", "value", "params": {8 keys}}`` and ``"bias"`` when
+      bias is given. When one array is passed as query, key and value, the
+      caller sums the three gradients.
+    """
+    _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)
+    _require_dropout_mask(dropout_p, dropout_mask)
+    (B, Lq, D), Lk = query.shape, key.shape[1]
+    d_out, d_weights = _check_cotangents(
+        d_out, query, "query",
+        (("B", "Lq", "D"), (B, Lq, D)), (("B", "H", "Lq", "Lk"), (B, num_heads, Lq, Lk)),
+    )
+    qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
+    heads, _ = scaled_dot_product_attention(qh, kh, vh, mask, bias, None, dropout_p, dropout_mask)
+    concat = _merge_heads(heads)  # (B, Lq, D)
+
+    # 5) output projection
+    d_concat, dw_o, db_o = _linear_backward(d_out, concat, params["w_o"])  # (B, Lq, D), (D, D), (D,)
+    # 4) concat
+    d_heads = _split_heads(d_concat, num_heads)  # (B, H, Lq, Dh)
+    # 3) attend
+    g = scaled_dot_product_attention_backward(
+        (d_heads, d_weights), qh, kh, vh, mask, bias, None, dropout_p, dropout_mask
+    )  # q: (B, H, Lq, Dh), k/v: (B, H, Lk, Dh)
+    # 2) split heads
+    dq, dk, dv = (_merge_heads(g[n]) for n in ("q", "k", "v"))  # (B, Lq, D), (B, Lk, D) x2
+    # 1) project
+    d_query, dw_q, db_q = _linear_backward(dq, query, params["w_q"])  # (B, Lq, D), (D, D), (D,)
+    d_key, dw_k, db_k = _linear_backward(dk, key, params["w_k"])  # (B, Lk, D), (D, D), (D,)
+    d_value, dw_v, db_v = _linear_backward(dv, value, params["w_v"])  # (B, Lk, D), (D, D), (D,)
+    grads = {
+        "query": d_query, "key": d_key, "value": d_value,
+        "params": {
+            "w_q": dw_q, "b_q": db_q, "w_k": dw_k, "b_k": db_k,
+            "w_v": dw_v, "b_v": db_v, "w_o": dw_o, "b_o": db_o,
+        },
+    }
+    if "bias" in g:
+        grads["bias"] = g["bias"]  # bias.shape
+    return grads
+
+
+def _project_heads(query, key, value, params, num_heads):
+    # 1) project
+    q = query @ params["w_q"] + params["b_q"]  # (B, Lq, D)
+    k = key @ params["w_k"] + params["b_k"]  # (B, Lk, D)
+    v = value @ params["w_v"] + params["b_v"]  # (B, Lk, D)
+    # 2) split heads
+    return tuple(_split_heads(x, num_heads) for x in (q, k, v))  # (B, H, L, Dh)
+
+
+def _split_heads(x, num_heads):
+    B, L, D = x.shape
+    return x.reshape(B, L, num_heads, D // num_heads).swapaxes(1, 2)  # (B, H, L, Dh)
+
+
+def _merge_heads(x):
+    B, H, L, Dh = x.shape
+    return x.swapaxes(1, 2).reshape(B, L, H * Dh)  # (B, L, D)
+
+
+def _linear_backward(dy, x, w):
+    """``y = x w + b`` -> ``(dx = dy wᵀ, dw = xᵀ dy, db = sum dy)``, batch summed."""
+    dx = dy @ w.T  # (..., D_in)
+    dw = x.reshape(-1, x.shape[-1]).T @ dy.reshape(-1, dy.shape[-1])  # (D_in, D_out)
+    db = dy.reshape(-1, dy.shape[-1]).sum(axis=0)  # (D_out,)
+    return dx, dw, db
+
+
+# --------------------------------------------------------------------------
+# initialisers
+# --------------------------------------------------------------------------
+
+
+def init_multi_head_attention(rng, d_model, dtype=np.float64):
+    """Parameters for :func:`multi_head_attention`.
+
+    Weights ``(D, D)`` Xavier-uniform, ``U(-a, a)`` with
+    ``a = sqrt(6 / (D + D))``; biases zero ``(D,)``, as ``nn.MultiheadAttention``.
+    ``rng``: a ``numpy.random.Generator`` (or a seed, or None).
+    """
+    rng = np.random.default_rng(rng)
+    params = {}
+    for name in ("q", "k", "v", "o"):
+        params[f"w_{name}"] = _xavier_uniform(rng, d_model, d_model, dtype)
+        params[f"b_{name}"] = np.zeros(d_model, dtype=dtype)
+    return params
+
+
+def init_additive_attention(rng, d_query, d_key, d_attn, dtype=np.float64):
+    """Parameters for :func:`additive_attention`.
+
+    ``w_1 (Dk, A)`` and ``w_2 (Dq, A)`` Xavier-uniform,
+    ``v (A,) ~ U(-1/sqrt(A), 1/sqrt(A))``.
+    ``rng``: a ``numpy.random.Generator`` (or a seed, or None).
+    """
+    rng = np.random.default_rng(rng)
+    bound = 1.0 / math.sqrt(d_attn)
+    return {
+        "w_1": _xavier_uniform(rng, d_key, d_attn, dtype),
+        "w_2": _xavier_uniform(rng, d_query, d_attn, dtype),
+        "v": rng.uniform(-bound, bound, size=(d_attn,)).astype(dtype),
+    }
+
+
+def _xavier_uniform(rng, fan_in, fan_out, dtype):
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-bound, bound, size=(fan_in, fan_out)).astype(dtype)
+
+
+# --------------------------------------------------------------------------
+# shared pieces: scale, dropout, bias reduction
+# --------------------------------------------------------------------------
+
+
+def _scale(q, scale):
+    # A Python float keeps float32 inputs float32 (a numpy float64 would promote).
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def _keep_mask(dropout_p, dropout_mask, rng, shape):
+    """The bool keep-mask of the weights, or None when dropout is off."""
+    if float(dropout_p) == 0.0:
+        return None
+    if dropout_mask is not None:
+        return dropout_mask
+    rng = np.random.default_rng() if rng is None else rng
+    return rng.random(shape) >= float(dropout_p)
+
+
+def _dropout(x, keep, dropout_p):
+    """Inverted dropout ``x * keep / (1 - p)``; also its own backward."""
+    return x if keep is None else x * keep / (1.0 - float(dropout_p))
+
+
+def _sum_to_shape(g, shape):
+    """Sum ``g`` over the axes that broadcasting added or stretched."""
+    g = g.sum(axis=tuple(range(g.ndim - len(shape))))
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return g.sum(axis=stretched, keepdims=True)
+
+
+# --------------------------------------------------------------------------
+# validation (numpy_ref/_checks.py, plus the rules marked private)
+# --------------------------------------------------------------------------
+
+
+def _axis_letters(ndim):
+    return tuple(f"N{i}" for i in range(ndim))
+
+
+def _batch_letters(ndim):
+    return ("B", "H")[: ndim - 2]
+
+
+def _check_softmax(x, mask):
+    check_same_float_dtype({"x": x})
+    if mask is not None:
+        check_bool(mask, "mask")
+        check_broadcastable(mask, "mask", x.shape, _axis_letters(x.ndim))
+
+
+def _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask):
+    check_same_float_dtype({"q": q, "k": k, "v": v, "bias": bias})
+    if q.ndim not in (3, 4):  # private rule: two admissible ranks
+        raise ValueError(
+            f"q: expected shape (B, Lq, Dk) or (B, H, Lq, Dk), got {shape_str(q.shape)}"
+        )
+    batch = _batch_letters(q.ndim)
+    sizes = dict(zip(batch, q.shape[:-2]))
+    check_shape(k, "k", (*batch, "Lk", "Dk"), {**sizes, "Dk": q.shape[-1]})
+    check_shape(v, "v", (*batch, "Lk", "Dv"), {**sizes, "Lk": k.shape[-2]})
+    target = (*q.shape[:-1], k.shape[-2])
+    _check_extras(mask, bias, dropout_p, dropout_mask, target, (*batch, "Lq", "Lk"))
+
+
+def _check_additive(query, keys, params, mask):
+    """Validate; return the mask with a size-1 head axis dropped."""
+    check_params(params, "params", _ADDITIVE_KEYS)
+    named = {f"params.{n}": params[n] for n in _ADDITIVE_KEYS}
+    check_same_float_dtype({"query": query, "keys": keys, **named})
+    check_rank(query, "query", ("B", "Lq", "Dq"))
+    (B, Lq, Dq) = query.shape
+    check_shape(keys, "keys", ("B", "Lk", "Dk"), {"B": B})
+    Lk, Dk = keys.shape[1:]
+    check_shape(params["w_1"], "params.w_1", ("Dk", "A"), {"Dk": Dk})
+    A = params["w_1"].shape[1]
+    check_shape(params["w_2"], "params.w_2", ("Dq", "A"), {"Dq": Dq, "A": A})
+    check_shape(params["v"], "params.v", ("A",), {"A": A})
+    if mask is None:
+        return None
+    check_bool(mask, "mask")
+    if mask.ndim == 4:
+        check_broadcastable(mask, "mask", (B, 1, Lq, Lk), ("B", "H", "Lq", "Lk"))
+        mask = mask[:, 0]
+    check_broadcastable(mask, "mask", (B, Lq, Lk), ("B", "Lq", "Lk"))
+    return mask
+
+
+def _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask):
+    check_params(params, "params", _MHA_KEYS)
+    named = {f"params.{n}": params[n] for n in _MHA_KEYS}
+    check_same_float_dtype({"query": query, "key": key, "value": value, **named, "bias": bias})
+    check_rank(query, "query", ("B", "Lq", "D"))
+    B, Lq, D = query.shape
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)):
+        raise TypeError(f"num_heads: expected a positive int, got {num_heads!r}")  # private rule
+    check_divisible(D, num_heads)
+    check_shape(key, "key", ("B", "Lk", "D"), {"B": B, "D": D})
+    check_shape(value, "value", ("B", "Lk", "D"), {"B": B, "Lk": key.shape[1], "D": D})
+    for name, x in named.items():
+        check_shape(x, name, ("D", "D") if name.startswith("params.w") else ("D",), {"D": D})
+    target = (B, int(num_heads), Lq, key.shape[1])
+    _check_extras(mask, bias, dropout_p, dropout_mask, target, ("B", "H", "Lq", "Lk"))
+
+
+def _check_extras(mask, bias, dropout_p, dropout_mask, target, letters):
+    if mask is not None:
+        check_bool(mask, "mask")
+        check_broadcastable(mask, "mask", target, letters)
+    if bias is not None:
+        check_broadcastable(bias, "bias", target, letters)
+    check_probability(dropout_p)
+    if dropout_mask is not None:
+        check_bool(dropout_mask, "dropout_mask")
+        check_shape(dropout_mask, "dropout_mask", letters, dict(zip(letters, target)))
+
+
+def _require_dropout_mask(dropout_p, dropout_mask):
+    if float(dropout_p) > 0.0 and dropout_mask is None:  # private rule
+        raise ValueError(
+            "dropout_mask: expected the bool keep-mask the forward pass ran with "
+            f"(the backward needs it when dropout_p > 0; here dropout_p={dropout_p}), got None"
+        )
+
+
+def _check_cotangents(d_out, ref, ref_name, out_spec, weights_spec):
+    """Split ``d_out`` into ``(d_out, d_weights)``; check dtype and shapes.
+
+    ``out_spec``/``weights_spec``: ``(letters, shape)`` of out and weights.
+    """
+    d_weights = None
+    if isinstance(d_out, (tuple, list)):
+        if len(d_out) != 2:  # private rule
+            raise ValueError(
+                "d_out: expected an array or a pair (d_out, d_weights), "
+                f"got a {type(d_out).__name__} of length {len(d_out)}"
+            )
+        d_out, d_weights = d_out
+    check_same_float_dtype({ref_name: ref, "d_out": d_out, "d_weights": d_weights})
+    for x, name, (letters, shape) in ((d_out, "d_out", out_spec), (d_weights, "d_weights", weights_spec)):
+        if x is not None:
+            check_shape(x, name, letters, dict(zip(letters, shape)))
+    return d_out, d_weights
