@@ -1,1 +1,102 @@
-__all__ = []
+"""Positional information: the sinusoidal table of the paper and learned tables.
+
+Both kinds are a ``(max_len, D)`` table added to the embeddings, so one
+``add_positional_encoding`` serves both (a learned table is
+``params["table"]``).
+
+Shape letters: ``B`` batch, ``L`` length, ``D`` model width (``d_model``).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._checks import check_rank, check_same_float_dtype, check_shape
+from .masks import _length
+
+__all__ = [
+    "sinusoidal_encoding",
+    "add_positional_encoding",
+    "init_learned_positional_embedding",
+]
+
+
+def _float_dtype(dtype):
+    dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"dtype: expected a floating-point dtype, got {dtype}")
+    return dtype
+
+
+def sinusoidal_encoding(max_len, d_model, dtype=jnp.float32):
+    """The fixed sinusoidal table of "Attention Is All You Need" (§3.5).
+
+    ``PE[p, 2i] = sin(p / 10000^(2i/D))``, ``PE[p, 2i+1] = cos(p / 10000^(2i/D))``,
+    sin and cos interleaved as in the paper. Odd ``D`` keeps the last sin and
+    drops the cos that would follow it. Computed in float64 numpy (a constant
+    under ``jit``, exact whether or not ``jax_enable_x64`` is on), then cast
+    once, so a float32 or bfloat16 table is the correctly rounded one.
+
+    Args:
+      max_len: number of positions (static int).
+      d_model: ``D`` (static int).
+      dtype: floating dtype of the result (default float32, JAX's default).
+
+    Returns:
+      ``(max_len, D)``.
+    """
+    max_len = _length(max_len, "max_len")
+    d_model = _length(d_model, "d_model")
+    dtype = _float_dtype(dtype)
+    pos = np.arange(max_len, dtype=np.float64)[:, None]  # (max_len, 1)
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(D/2),)
+    angle = pos / 10000.0 ** (two_i / d_model)  # (max_len, ceil(D/2))
+    table = np.empty((max_len, d_model))
+    table[:, 0::2] = np.sin(angle)
+    table[:, 1::2] = np.cos(angle[:, : d_model // 2])
+    return jnp.asarray(table, dtype=dtype)
+
+
+def add_positional_encoding(x, table):
+    """Add the first ``L`` rows of a positional table to the embeddings.
+
+    ``out = x + table[:L]``, broadcast over the batch.
+
+    Args:
+      x: ``(B, L, D)`` embeddings.
+      table: ``(max_len, D)``, ``L <= max_len``; sinusoidal or learned.
+
+    Returns:
+      ``(B, L, D)``.
+    """
+    _check_add(x, table)
+    return x + table[: x.shape[1]]  # (B, L, D)
+
+
+def init_learned_positional_embedding(key, max_len, d_model, dtype=jnp.float32):
+    """A learned positional table, ``table ~ N(0, 0.02^2)`` (GPT-2's init).
+
+    Args:
+      key: a JAX PRNG key.
+      max_len: number of positions.
+      d_model: ``D``.
+
+    Returns:
+      ``{"table": (max_len, D)}``.
+    """
+    max_len = _length(max_len, "max_len")
+    d_model = _length(d_model, "d_model")
+    dtype = _float_dtype(dtype)
+    return {"table": 0.02 * jax.random.normal(key, (max_len, d_model), dtype)}
+
+
+def _check_add(x, table):
+    check_same_float_dtype({"x": x, "table": table})
+    check_rank(x, "x", ("B", "L", "D"))
+    check_shape(table, "table", ("max_len", "D"), {"D": x.shape[2]})
+    if x.shape[1] > table.shape[0]:
+        raise ValueError(
+            f"x: expected length L <= max_len={table.shape[0]} of table, got L={x.shape[1]} "
+            f"(x {tuple(x.shape)}, table {tuple(table.shape)})"
+        )
