@@ -1,1 +1,399 @@
-__all__ = []
+"""Attention in JAX: softmax, scaled dot-product, additive (Bahdanau) and
+multi-head attention. The mirror of ``numpy_ref.attention`` without the
+``*_backward`` functions: ``jax.vjp`` / ``jax.grad`` give the gradients.
+
+Shape legend: ``B`` batch, ``H`` heads, ``Lq`` query length, ``Lk`` key/value
+length, ``D`` model width, ``Dh = D / H``, ``Dk``/``Dv`` key/value widths,
+``Dq`` additive-attention query width, ``A`` additive-attention width.
+
+Masks are boolean, ``True`` = may attend. Masking is *selection* (``jnp.where``),
+never ``-1e9`` arithmetic: a score that is masked or equal to ``-inf`` is left
+out of the softmax, so a fully masked row gets weights 0, output 0 and
+gradient 0 instead of a uniform average over padding (the ``-1e9`` tutorial
+version, and ``jax.nn.dot_product_attention``) or ``0 / 0 = NaN``. Every
+``where`` has a finite unselected branch, so no NaN leaks into a gradient.
+
+Pure and ``jit``-compatible. Static under ``jax.jit``: ``axis``, ``scale``,
+``num_heads``, ``dropout_p``; ``rng`` is a JAX PRNG key (an array).
+float16/bfloat16 inputs compute scores, softmax and the weighted sum in
+float32 and cast the results back.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._checks import (
+    check_bool,
+    check_broadcastable,
+    check_divisible,
+    check_params,
+    check_probability,
+    check_rank,
+    check_same_float_dtype,
+    check_shape,
+    shape_str,
+)
+
+__all__ = [
+    "softmax",
+    "scaled_dot_product_attention",
+    "additive_attention",
+    "multi_head_attention",
+    "init_multi_head_attention",
+    "init_additive_attention",
+]
+
+_MHA_KEYS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
+_ADDITIVE_KEYS = ("w_1", "w_2", "v")
+_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+# --------------------------------------------------------------------------
+# softmax
+# --------------------------------------------------------------------------
+
+
+def softmax(x, axis=-1, mask=None):
+    """Masked, numerically stable softmax.
+
+    ``p = exp(x - max_valid(x)) / sum_valid(exp(x - max_valid(x)))`` over
+    ``axis``, where an entry is *valid* iff ``mask`` is True there and
+    ``x != -inf``. Invalid entries get 0; a row without valid entries is all 0
+    (not NaN, not uniform), and so is its gradient.
+
+    Args:
+      x: float array of any shape; float16/bfloat16 run in float32.
+      axis: the axis to normalise over (static).
+      mask: optional bool array broadcastable to ``x.shape`` (True = keep).
+
+    Returns:
+      ``p``, same shape and dtype as ``x``; rows sum to 1 or to 0.
+    """
+    _check_softmax(x, mask)
+    return _masked_softmax(x.astype(_compute_dtype(x)), mask, axis).astype(x.dtype)
+
+
+def _masked_softmax(x, mask, axis):
+    valid = x != -jnp.inf
+    if mask is not None:
+        valid = valid & mask
+    # Row max over the valid entries only; an empty row's max is set to 0 so
+    # that no ``-inf - (-inf)`` is ever computed. The max is a constant of the
+    # softmax (it cancels), so no gradient flows through it.
+    m = jnp.max(jnp.where(valid, x, -jnp.inf), axis=axis, keepdims=True)
+    m = jax.lax.stop_gradient(jnp.where(m == -jnp.inf, 0.0, m))
+    # Invalid entries see exp(m - m) = 1 in the unselected branch, never
+    # exp(-inf - m) or exp(+large): the gradient of ``where`` multiplies the
+    # unselected branch by 0, and 0 * inf would be NaN.
+    e = jnp.where(valid, jnp.exp(jnp.where(valid, x, m) - m), 0.0)
+    s = jnp.sum(e, axis=axis, keepdims=True)
+    return e / jnp.where(s > 0, s, 1.0)  # an empty row: 0 / 1 = 0
+
+
+# --------------------------------------------------------------------------
+# scaled dot-product attention
+# --------------------------------------------------------------------------
+
+
+def scaled_dot_product_attention(
+    q, k, v, mask=None, bias=None, scale=None, dropout_p=0.0, dropout_mask=None, rng=None
+):
+    """Scaled dot-product attention (Vaswani et al. 2017, eq. 1).
+
+    ``weights = softmax(q @ kᵀ * scale + bias, mask)``,
+    ``out = dropout(weights) @ v``, ``scale = 1 / sqrt(Dk)`` unless given.
+
+    Args:
+      q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
+      k: ``(*batch, Lk, Dk)``.
+      v: ``(*batch, Lk, Dv)``.
+      mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
+      bias: optional float, broadcastable to ``(*batch, Lq, Lk)``, added to
+        the scores before masking; ``-inf`` entries count as masked.
+      scale: optional float multiplying ``q @ kᵀ`` (static).
+      dropout_p: dropout probability on the weights, in ``[0, 1)`` (static).
+      dropout_mask: optional bool keep-mask ``(*batch, Lq, Lk)``; drawn from
+        ``rng`` when ``dropout_p > 0`` and it is None.
+      rng: optional JAX PRNG key; ``dropout_p > 0`` with neither
+        ``dropout_mask`` nor ``rng`` is a ValueError.
+
+    Returns:
+      ``(out (*batch, Lq, Dv), weights (*batch, Lq, Lk))``; ``weights`` is
+      the softmax *before* dropout; a fully masked row gives 0 in both.
+    """
+    _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask)
+    dtype, compute = q.dtype, _compute_dtype(q)
+    q, k, v = q.astype(compute), k.astype(compute), v.astype(compute)
+    scale = _scale(q, scale)
+    scores = q @ jnp.swapaxes(k, -1, -2) * scale  # (*batch, Lq, Lk)
+    if bias is not None:
+        scores = scores + bias.astype(compute)  # (*batch, Lq, Lk)
+    weights = _masked_softmax(scores, mask, -1)  # (*batch, Lq, Lk)
+    keep = _keep_mask(dropout_p, dropout_mask, rng, weights.shape)
+    dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
+    out = dropped @ v  # (*batch, Lq, Dv)
+    return out.astype(dtype), weights.astype(dtype)  # (*batch, Lq, Dv), (*batch, Lq, Lk)
+
+
+# --------------------------------------------------------------------------
+# additive (Bahdanau) attention
+# --------------------------------------------------------------------------
+
+
+def additive_attention(query, keys, params, mask=None):
+    """Additive attention (Bahdanau et al. 2015).
+
+    ``e[b, i, j] = v · tanh(keys[b, j] @ w_1 + query[b, i] @ w_2)``,
+    ``weights = softmax(e, mask)`` over ``j``, ``context = weights @ keys``.
+    The keys are also the values, as in the paper.
+
+    Args:
+      query: ``(B, Lq, Dq)`` decoder states.
+      keys: ``(B, Lk, Dk)`` encoder states.
+      params: ``{"w_1": (Dk, A), "w_2": (Dq, A), "v": (A,)}``.
+      mask: optional bool broadcastable to ``(B, Lq, Lk)``; a 4-D mask with a
+        head axis of size 1 (``padding_mask``'s ``(B, 1, 1, Lk)``) is accepted
+        and the head axis dropped.
+
+    Returns:
+      ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
+    """
+    mask = _check_additive(query, keys, params, mask)
+    dtype, compute = query.dtype, _compute_dtype(query)
+    query, keys = query.astype(compute), keys.astype(compute)
+    params = {n: params[n].astype(compute) for n in _ADDITIVE_KEYS}
+    t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
+    e = t @ params["v"]  # (B, Lq, Lk)
+    weights = _masked_softmax(e, mask, -1)  # (B, Lq, Lk)
+    context = weights @ keys  # (B, Lq, Dk)
+    return context.astype(dtype), weights.astype(dtype)  # (B, Lq, Dk), (B, Lq, Lk)
+
+
+def _additive_hidden(query, keys, params):
+    keys_proj = keys @ params["w_1"]  # (B, Lk, A)
+    query_proj = query @ params["w_2"]  # (B, Lq, A)
+    return jnp.tanh(query_proj[:, :, None, :] + keys_proj[:, None, :, :])  # (B, Lq, Lk, A)
+
+
+# --------------------------------------------------------------------------
+# multi-head attention
+# --------------------------------------------------------------------------
+
+
+def multi_head_attention(
+    query, key, value, params, num_heads, *, mask=None, bias=None,
+    dropout_p=0.0, dropout_mask=None, rng=None,
+):
+    """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
+
+    ``head_h = attention(query w_q[:, h], key w_k[:, h], value w_v[:, h])``,
+    ``out = concat(head_1 .. head_H) @ w_o + b_o`` (with biases ``b_q``,
+    ``b_k``, ``b_v`` on the projections), attention scaled by ``1/sqrt(Dh)``.
+
+    Args:
+      query: ``(B, Lq, D)``.
+      key, value: ``(B, Lk, D)`` (``Lq != Lk`` is cross-attention).
+      params: ``{"w_q", "w_k", "w_v", "w_o": (D, D), "b_q", "b_k", "b_v",
+        "b_o": (D,)}``, ``y = x @ w + b``.
+      num_heads: ``H`` (static); must divide ``D``.
+      mask, bias: optional, broadcastable to ``(B, H, Lq, Lk)``.
+      dropout_p, dropout_mask, rng: dropout on the attention weights;
+        ``dropout_mask (B, H, Lq, Lk)``, ``rng`` a JAX PRNG key.
+
+    Returns:
+      ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
+    """
+    _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)
+    # 1) project, 2) split heads
+    qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
+    # 3) attend
+    heads, weights = scaled_dot_product_attention(
+        qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng
+    )  # (B, H, Lq, Dh), (B, H, Lq, Lk)
+    # 4) concat
+    concat = _merge_heads(heads)  # (B, Lq, D)
+    # 5) output projection
+    return concat @ params["w_o"] + params["b_o"], weights  # (B, Lq, D), (B, H, Lq, Lk)
+
+
+def _project_heads(query, key, value, params, num_heads):
+    # 1) project
+    q = query @ params["w_q"] + params["b_q"]  # (B, Lq, D)
+    k = key @ params["w_k"] + params["b_k"]  # (B, Lk, D)
+    v = value @ params["w_v"] + params["b_v"]  # (B, Lk, D)
+    # 2) split heads
+    return tuple(_split_heads(x, num_heads) for x in (q, k, v))  # (B, H, L, Dh)
+
+
+def _split_heads(x, num_heads):
+    B, L, D = x.shape
+    return x.reshape(B, L, num_heads, D // num_heads).swapaxes(1, 2)  # (B, H, L, Dh)
+
+
+def _merge_heads(x):
+    B, H, L, Dh = x.shape
+    return x.swapaxes(1, 2).reshape(B, L, H * Dh)  # (B, L, D)
+
+
+# --------------------------------------------------------------------------
+# initialisers
+# --------------------------------------------------------------------------
+
+
+def init_multi_head_attention(key, d_model, dtype=jnp.float32):
+    """Parameters for :func:`multi_head_attention`.
+
+    Weights ``(D, D)`` Xavier-uniform, ``U(-a, a)`` with
+    ``a = sqrt(6 / (D + D))``; biases zero ``(D,)``, as ``nn.MultiheadAttention``.
+    ``key``: a JAX PRNG key.
+    """
+    params = {}
+    for name, subkey in zip(("q", "k", "v", "o"), jax.random.split(key, 4)):
+        params[f"w_{name}"] = _xavier_uniform(subkey, d_model, d_model, dtype)
+        params[f"b_{name}"] = jnp.zeros(d_model, dtype=dtype)
+    return params
+
+
+def init_additive_attention(key, d_query, d_key, d_attn, dtype=jnp.float32):
+    """Parameters for :func:`additive_attention`.
+
+    ``w_1 (Dk, A)`` and ``w_2 (Dq, A)`` Xavier-uniform,
+    ``v (A,) ~ U(-1/sqrt(A), 1/sqrt(A))``.
+    ``key``: a JAX PRNG key.
+    """
+    k_1, k_2, k_v = jax.random.split(key, 3)
+    bound = 1.0 / math.sqrt(d_attn)
+    return {
+        "w_1": _xavier_uniform(k_1, d_key, d_attn, dtype),
+        "w_2": _xavier_uniform(k_2, d_query, d_attn, dtype),
+        "v": jax.random.uniform(k_v, (d_attn,), dtype, -bound, bound),
+    }
+
+
+def _xavier_uniform(key, fan_in, fan_out, dtype):
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    return jax.random.uniform(key, (fan_in, fan_out), dtype, -bound, bound)
+
+
+# --------------------------------------------------------------------------
+# shared pieces: scale, dropout, compute dtype
+# --------------------------------------------------------------------------
+
+
+def _scale(q, scale):
+    # A Python float is weakly typed: float32 and bfloat16 inputs keep their dtype.
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def _keep_mask(dropout_p, dropout_mask, rng, shape):
+    """The bool keep-mask of the weights, or None when dropout is off."""
+    if float(dropout_p) == 0.0:
+        return None
+    if dropout_mask is not None:
+        return dropout_mask
+    if rng is None:  # JAX has no global generator to fall back on
+        raise ValueError(
+            "rng: expected a JAX PRNG key (or an explicit dropout_mask) when "
+            f"dropout_p > 0; here dropout_p={dropout_p}, got None"
+        )
+    return jax.random.bernoulli(rng, 1.0 - float(dropout_p), shape)
+
+
+def _dropout(x, keep, dropout_p):
+    """Inverted dropout ``x * keep / (1 - p)``."""
+    return x if keep is None else x * keep / (1.0 - float(dropout_p))
+
+
+def _compute_dtype(x):
+    """float32 for float16/bfloat16 (scores and softmax never run in half)."""
+    return jnp.dtype(jnp.float32) if x.dtype in _HALF else x.dtype
+
+
+# --------------------------------------------------------------------------
+# validation (numpy_ref/_checks.py, plus numpy_ref's private rules)
+# --------------------------------------------------------------------------
+
+
+def _axis_letters(ndim):
+    return tuple(f"N{i}" for i in range(ndim))
+
+
+def _batch_letters(ndim):
+    return ("B", "H")[: ndim - 2]
+
+
+def _check_softmax(x, mask):
+    check_same_float_dtype({"x": x})
+    if mask is not None:
+        check_bool(mask, "mask")
+        check_broadcastable(mask, "mask", x.shape, _axis_letters(x.ndim))
+
+
+def _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask):
+    check_same_float_dtype({"q": q, "k": k, "v": v, "bias": bias})
+    if q.ndim not in (3, 4):  # numpy_ref's private rule: two admissible ranks
+        raise ValueError(
+            f"q: expected shape (B, Lq, Dk) or (B, H, Lq, Dk), got {shape_str(q.shape)}"
+        )
+    batch = _batch_letters(q.ndim)
+    sizes = dict(zip(batch, q.shape[:-2]))
+    check_shape(k, "k", (*batch, "Lk", "Dk"), {**sizes, "Dk": q.shape[-1]})
+    check_shape(v, "v", (*batch, "Lk", "Dv"), {**sizes, "Lk": k.shape[-2]})
+    target = (*q.shape[:-1], k.shape[-2])
+    _check_extras(mask, bias, dropout_p, dropout_mask, target, (*batch, "Lq", "Lk"))
+
+
+def _check_additive(query, keys, params, mask):
+    """Validate; return the mask with a size-1 head axis dropped."""
+    check_params(params, "params", _ADDITIVE_KEYS)
+    named = {f"params.{n}": params[n] for n in _ADDITIVE_KEYS}
+    check_same_float_dtype({"query": query, "keys": keys, **named})
+    check_rank(query, "query", ("B", "Lq", "Dq"))
+    (B, Lq, Dq) = query.shape
+    check_shape(keys, "keys", ("B", "Lk", "Dk"), {"B": B})
+    Lk, Dk = keys.shape[1:]
+    check_shape(params["w_1"], "params.w_1", ("Dk", "A"), {"Dk": Dk})
+    A = params["w_1"].shape[1]
+    check_shape(params["w_2"], "params.w_2", ("Dq", "A"), {"Dq": Dq, "A": A})
+    check_shape(params["v"], "params.v", ("A",), {"A": A})
+    if mask is None:
+        return None
+    check_bool(mask, "mask")
+    if mask.ndim == 4:
+        check_broadcastable(mask, "mask", (B, 1, Lq, Lk), ("B", "H", "Lq", "Lk"))
+        mask = mask[:, 0]
+    check_broadcastable(mask, "mask", (B, Lq, Lk), ("B", "Lq", "Lk"))
+    return mask
+
+
+def _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask):
+    check_params(params, "params", _MHA_KEYS)
+    named = {f"params.{n}": params[n] for n in _MHA_KEYS}
+    check_same_float_dtype({"query": query, "key": key, "value": value, **named, "bias": bias})
+    check_rank(query, "query", ("B", "Lq", "D"))
+    B, Lq, D = query.shape
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)):
+        raise TypeError(f"num_heads: expected a positive int, got {num_heads!r}")  # private rule
+    check_divisible(D, num_heads)
+    check_shape(key, "key", ("B", "Lk", "D"), {"B": B, "D": D})
+    check_shape(value, "value", ("B", "Lk", "D"), {"B": B, "Lk": key.shape[1], "D": D})
+    for name, x in named.items():
+        check_shape(x, name, ("D", "D") if name.startswith("params.w") else ("D",), {"D": D})
+    target = (B, int(num_heads), Lq, key.shape[1])
+    _check_extras(mask, bias, dropout_p, dropout_mask, target, ("B", "H", "Lq", "Lk"))
+
+
+def _check_extras(mask, bias, dropout_p, dropout_mask, target, letters):
+    if mask is not None:
+        check_bool(mask, "mask")
+        check_broadcastable(mask, "mask", target, letters)
+    if bias is not None:
+        check_broadcastable(bias, "bias", target, letters)
+    check_probability(dropout_p)
+    if dropout_mask is not None:
+        check_bool(dropout_mask, "dropout_mask")
+        check_shape(dropout_mask, "dropout_mask", letters, dict(zip(letters, target)))
