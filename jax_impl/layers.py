@@ -1,1 +1,241 @@
-__all__ = []
+"""Dense building blocks: linear, layer norm, position-wise feed-forward, dropout.
+
+The mirror of ``numpy_ref.layers`` without the ``*_backward`` functions:
+``jax.vjp`` / ``jax.grad`` give the gradients. Parameters are dicts in the
+canonical ``y = x @ w + b`` layout, ``w`` of shape ``(D_in, D_out)``.
+
+Static under ``jax.jit``: ``eps``, ``activation``, ``dropout_p`` / ``p``.
+Dropout draws from a JAX PRNG key ``rng``; JAX has no global generator, so
+``p > 0`` with neither a keep-mask nor ``rng`` is a ValueError.
+
+Shape letters: ``B`` batch, ``L`` length, ``D`` model width, ``F``
+feed-forward width; ``...`` any leading axes.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from ._checks import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_params,
+    check_probability,
+    check_same_float_dtype,
+    check_shape,
+    shape_str,
+)
+
+__all__ = [
+    "linear",
+    "layer_norm",
+    "feed_forward",
+    "dropout",
+    "init_layer_norm",
+    "init_feed_forward",
+]
+
+ACTIVATIONS = ("relu", "gelu")
+LAYER_NORM_KEYS = ("gamma", "beta")
+FEED_FORWARD_KEYS = ("w_1", "b_1", "w_2", "b_2")
+_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def linear(x, w, b=None):
+    """Affine map on the last axis: ``y = x @ w + b``.
+
+    Args:
+      x: ``(..., D_in)``.
+      w: ``(D_in, D_out)``.
+      b: ``(D_out,)`` or None.
+
+    Returns:
+      ``(..., D_out)``.
+    """
+    _check_linear(x, w, b)
+    y = x @ w  # (..., D_out)
+    return y if b is None else y + b
+
+
+def layer_norm(x, params, eps=1e-5):
+    """Layer normalization over the last axis (Ba et al. 2016).
+
+    ``out = gamma * (x - mean) / sqrt(var + eps) + beta`` with the *biased*
+    variance and ``eps`` inside the square root, as ``torch.nn.LayerNorm``.
+    float16/bfloat16 inputs compute the statistics in float32 and cast back.
+
+    Args:
+      x: ``(..., D)``.
+      params: ``{"gamma": (D,), "beta": (D,)}``.
+      eps: positive; keeps a constant row finite (its output is ``beta``).
+
+    Returns:
+      ``(..., D)``.
+    """
+    _check_layer_norm(x, params, eps)
+    x_hat, _ = _normalize(x, eps)
+    return params["gamma"] * x_hat + params["beta"]
+
+
+def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None, rng=None):
+    """Position-wise feed-forward network (paper §3.3).
+
+    ``out = dropout(act(x @ w_1 + b_1)) @ w_2 + b_2``; ``act`` is relu or the
+    exact erf gelu ``x Φ(x)`` (PyTorch's default, not the tanh approximation).
+    Dropout sits on the hidden layer, as in ``nn.TransformerEncoderLayer``.
+
+    Args:
+      x: ``(..., D)``, usually ``(B, L, D)``.
+      params: ``{"w_1": (D, F), "b_1": (F,), "w_2": (F, D), "b_2": (D,)}``.
+      activation: ``"relu"`` or ``"gelu"`` (static).
+      dropout_p: drop probability in ``[0, 1)`` of the hidden layer (static).
+      dropout_mask: bool keep-mask ``(..., F)``; drawn from ``rng`` when None.
+      rng: a JAX PRNG key, or None (then ``dropout_p > 0`` needs ``dropout_mask``).
+
+    Returns:
+      ``(..., D)``.
+    """
+    _check_feed_forward(x, params, activation)
+    hidden = _ACT[activation](linear(x, params["w_1"], params["b_1"]))  # (..., F)
+    hidden = _dropout(hidden, dropout_p, dropout_mask, rng, "dropout_p", "dropout_mask")
+    return linear(hidden, params["w_2"], params["b_2"])  # (..., D)
+
+
+def dropout(x, p, mask=None, rng=None):
+    """Inverted dropout: ``out = x * mask / (1 - p)``.
+
+    Kept values are scaled up at training time so that inference is the
+    identity. ``p == 0`` returns ``x`` itself.
+
+    Args:
+      x: floating array, any shape.
+      p: drop probability in ``[0, 1)`` (static).
+      mask: bool keep-mask of exactly ``x.shape``; drawn from ``rng`` when None.
+      rng: a JAX PRNG key, or None (then ``p > 0`` needs ``mask``).
+
+    Returns:
+      array of ``x``'s shape and dtype.
+    """
+    check_float(x, "x")
+    return _dropout(x, p, mask, rng, "p", "mask")
+
+
+def init_layer_norm(d_model, dtype=jnp.float32):
+    """``{"gamma": ones (D,), "beta": zeros (D,)}``, the identity affine map."""
+    return {"gamma": jnp.ones(d_model, dtype), "beta": jnp.zeros(d_model, dtype)}
+
+
+def init_feed_forward(key, d_model, d_ff, dtype=jnp.float32):
+    """Feed-forward params as ``nn.Linear`` draws them.
+
+    Weights and biases ``~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))``; ``fan_in`` is
+    ``D`` for ``w_1, b_1`` and ``F`` for ``w_2, b_2``. ``key``: a JAX PRNG key.
+
+    Returns:
+      ``{"w_1": (D, F), "b_1": (F,), "w_2": (F, D), "b_2": (D,)}``.
+    """
+    bound_1, bound_2 = 1 / math.sqrt(d_model), 1 / math.sqrt(d_ff)
+    k_w1, k_b1, k_w2, k_b2 = jax.random.split(key, 4)
+    uniform = jax.random.uniform
+    return {
+        "w_1": uniform(k_w1, (d_model, d_ff), dtype, -bound_1, bound_1),
+        "b_1": uniform(k_b1, (d_ff,), dtype, -bound_1, bound_1),
+        "w_2": uniform(k_w2, (d_ff, d_model), dtype, -bound_2, bound_2),
+        "b_2": uniform(k_b2, (d_model,), dtype, -bound_2, bound_2),
+    }
+
+
+# --------------------------------------------------------------------------
+# helpers
+
+
+def _normalize(x, eps):
+    """``x_hat = (x - mean) / sqrt(var + eps)`` and ``1 / sqrt(var + eps)``.
+
+    float16/bfloat16 statistics run in float32; ``x_hat`` is cast back.
+    """
+    dtype = x.dtype
+    if dtype in _HALF:
+        x = x.astype(jnp.float32)
+    centered = x - x.mean(axis=-1, keepdims=True)  # (..., D)
+    inv_std = 1.0 / jnp.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
+    return (centered * inv_std).astype(dtype), inv_std
+
+
+def _dropout(x, p, mask, rng, p_name, mask_name):
+    """Inverted dropout with the caller's argument names in error messages."""
+    check_probability(p, p_name)
+    if mask is not None:
+        _check_mask(mask, mask_name, x.shape)
+    if p == 0:
+        return x
+    if mask is None:
+        if rng is None:  # JAX has no global generator to fall back on
+            raise ValueError(
+                f"rng: expected a JAX PRNG key (or an explicit {mask_name}) when "
+                f"{p_name} > 0; here {p_name}={p}, got None"
+            )
+        mask = jax.random.bernoulli(rng, 1.0 - p, x.shape)
+    return x * mask * (1.0 / (1.0 - p))
+
+
+def _check_mask(mask, name, shape):
+    check_bool(mask, name)
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {shape_str(shape)}, got {shape_str(mask.shape)}")
+
+
+def _check_linear(x, w, b):
+    check_same_float_dtype({"x": x, "w": w, "b": b})
+    check_shape(w, "w", ("D_in", "D_out"))
+    d_in, d_out = w.shape
+    if x.ndim < 1 or x.shape[-1] != d_in:
+        raise ValueError(f"x: expected shape (..., D_in) with D_in={d_in}, got {shape_str(x.shape)}")
+    if b is not None:
+        check_shape(b, "b", ("D_out",), {"D_out": d_out})
+
+
+def _check_layer_norm(x, params, eps):
+    check_params(params, "params", LAYER_NORM_KEYS)
+    check_same_float_dtype({"x": x, "gamma": params["gamma"], "beta": params["beta"]})
+    if x.ndim < 1:
+        raise ValueError(f"x: expected shape (..., D), got {shape_str(x.shape)}")
+    d = x.shape[-1]
+    check_shape(params["gamma"], "gamma", ("D",), {"D": d})
+    check_shape(params["beta"], "beta", ("D",), {"D": d})
+    if not float(eps) > 0:
+        raise ValueError(f"eps: expected a positive number, got {eps}")
+
+
+def _check_feed_forward(x, params, activation):
+    check_choice(activation, "activation", ACTIVATIONS)
+    check_params(params, "params", FEED_FORWARD_KEYS)
+    check_same_float_dtype({"x": x, **{k: params[k] for k in FEED_FORWARD_KEYS}})
+    if x.ndim < 1:
+        raise ValueError(f"x: expected shape (..., D), got {shape_str(x.shape)}")
+    d = x.shape[-1]
+    check_shape(params["w_1"], "w_1", ("D", "F"), {"D": d})
+    f = params["w_1"].shape[1]
+    check_shape(params["b_1"], "b_1", ("F",), {"F": f})
+    check_shape(params["w_2"], "w_2", ("F", "D"), {"F": f, "D": d})
+    check_shape(params["b_2"], "b_2", ("D",), {"D": d})
+
+
+# --------------------------------------------------------------------------
+# activations
+
+
+def _relu(x):
+    """``max(x, 0)``; its gradient is ``1[x > 0]`` (0 at the kink, as PyTorch)."""
+    return jax.nn.relu(x)
+
+
+def _gelu(x):
+    """``gelu(x) = x Φ(x)``, the exact erf form (``approximate=False``)."""
+    return jax.nn.gelu(x, approximate=False)
+
+
+_ACT = {"relu": _relu, "gelu": _gelu}
