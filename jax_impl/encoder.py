@@ -1,1 +1,253 @@
-__all__ = []
+"""The Transformer encoder layer and stack (Vaswani et al. 2017, §3.1).
+
+A layer is two residual blocks, self-attention then feed-forward, each read
+as one line (post-norm, the paper's placement and PyTorch's default)::
+
+    h   = norm1(x + drop(attn(x)))
+    out = norm2(h + drop(ffn(h)))
+
+or with ``norm_first=True`` (pre-norm, GPT-2 / nanoGPT)::
+
+    h   = x + drop(attn(norm1(x)))
+    out = h + drop(ffn(norm2(h)))
+
+Dropout sits where ``nn.TransformerEncoderLayer`` puts it: on the attention
+weights, on the FFN hidden layer, and on each residual branch.
+
+The mirror of ``numpy_ref.encoder`` without the ``*_backward`` functions
+(``jax.vjp`` gives them). Static under ``jax.jit``: ``num_heads``,
+``norm_first``, ``activation``, ``eps``, ``dropout_p``. The layers of a stack
+are a Python list, so ``jit`` unrolls the loop over layers (a handful).
+
+Shape letters: ``B`` batch, ``H`` heads, ``L`` length, ``D`` model width,
+``F`` feed-forward width.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ._checks import (
+    check_bool,
+    check_choice,
+    check_divisible,
+    check_float,
+    check_params,
+    check_probability,
+    check_rank,
+    shape_str,
+)
+from .attention import init_multi_head_attention, multi_head_attention
+from .layers import (
+    ACTIVATIONS,
+    FEED_FORWARD_KEYS,
+    dropout,
+    feed_forward,
+    init_feed_forward,
+    init_layer_norm,
+    layer_norm,
+)
+
+__all__ = [
+    "encoder_layer",
+    "encoder",
+    "init_encoder_layer",
+    "init_encoder",
+]
+
+LAYER_KEYS = ("self_attn", "ffn", "norm1", "norm2")
+DROPOUT_SITES = ("attention", "ffn", "residual_attn", "residual_ffn")
+
+
+def encoder_layer(x, params, num_heads, *, mask=None, norm_first=False, activation="relu",
+                  eps=1e-5, dropout_p=0.0, dropout_masks=None, rng=None):
+    """One encoder layer: self-attention block, then feed-forward block.
+
+    post-norm: ``h = norm1(x + drop(attn(x)))``, ``out = norm2(h + drop(ffn(h)))``;
+    pre-norm (``norm_first=True``): ``h = x + drop(attn(norm1(x)))``,
+    ``out = h + drop(ffn(norm2(h)))``.
+
+    Args:
+      x: ``(B, L, D)``.
+      params: ``{"self_attn": mha params, "ffn": feed-forward params,
+        "norm1": layer-norm params, "norm2": layer-norm params}``.
+      num_heads: ``H``, divides ``D`` (static).
+      mask: bool, broadcastable to ``(B, H, L, L)``; True = may attend.
+      norm_first: pre-norm instead of the paper's post-norm (static).
+      activation: ``"relu"`` or ``"gelu"`` (exact erf form; static).
+      eps: layer-norm epsilon (static).
+      dropout_p: drop probability in ``[0, 1)`` at every site (static).
+      dropout_masks: dict with any of ``"attention" (B, H, L, L)``,
+        ``"ffn" (B, L, F)``, ``"residual_attn" (B, L, D)``,
+        ``"residual_ffn" (B, L, D)`` (bool keep-masks); missing sites are
+        drawn from ``rng`` when ``dropout_p > 0``.
+      rng: a JAX PRNG key, split into one key per site; None is a ValueError
+        when ``dropout_p > 0`` and a site has no mask.
+
+    Returns:
+      ``(B, L, D)``.
+    """
+    masks = _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks, rng)
+    s = _Sublayers(params, num_heads, mask, activation, eps, dropout_p, masks)
+    if norm_first:
+        h = x + s.drop_attn(s.attn(s.norm1(x)))
+        return h + s.drop_ffn(s.ffn(s.norm2(h)))
+    h = s.norm1(x + s.drop_attn(s.attn(x)))
+    return s.norm2(h + s.drop_ffn(s.ffn(h)))
+
+
+def encoder(x, params, num_heads, *, mask=None, norm_first=False, activation="relu", eps=1e-5,
+            dropout_p=0.0, dropout_masks=None, rng=None):
+    """A stack of encoder layers, then an optional final layer norm.
+
+    ``out = norm(layer_N(... layer_1(x)))``, ``norm`` applied iff
+    ``"norm" in params`` (pre-norm stacks want it, as GPT-2's ``ln_f``).
+
+    Args:
+      x: ``(B, L, D)``.
+      params: ``{"layers": [layer params, ...], "norm"?: layer-norm params}``.
+      dropout_masks: list with one :func:`encoder_layer` ``dropout_masks``
+        dict (or None) per layer, or None.
+      rng: a JAX PRNG key, split into one key per layer.
+      num_heads, mask, norm_first, activation, eps, dropout_p: as for
+        :func:`encoder_layer`, shared by every layer.
+
+    Returns:
+      ``(B, L, D)``.
+    """
+    per_layer = _stack_masks(params, dropout_masks)
+    rngs = [None] * len(per_layer) if rng is None else jax.random.split(rng, len(per_layer))
+    for layer, masks, layer_rng in zip(params["layers"], per_layer, rngs):
+        x = encoder_layer(x, layer, num_heads, mask=mask, norm_first=norm_first,
+                          activation=activation, eps=eps, dropout_p=dropout_p,
+                          dropout_masks=masks, rng=layer_rng)
+    return layer_norm(x, params["norm"], eps) if "norm" in params else x
+
+
+def init_encoder_layer(key, d_model, d_ff, dtype=jnp.float32):
+    """``{"self_attn", "ffn", "norm1", "norm2"}`` with each block's own init.
+
+    ``key``: a JAX PRNG key.
+    """
+    k_attn, k_ffn = jax.random.split(key)
+    return {
+        "self_attn": init_multi_head_attention(k_attn, d_model, dtype),
+        "ffn": init_feed_forward(k_ffn, d_model, d_ff, dtype),
+        "norm1": init_layer_norm(d_model, dtype),
+        "norm2": init_layer_norm(d_model, dtype),
+    }
+
+
+def init_encoder(key, num_layers, d_model, d_ff, final_norm=False, dtype=jnp.float32):
+    """``{"layers": [num_layers layer params], "norm"?: layer-norm params}``.
+
+    ``key``: a JAX PRNG key, split into one key per layer.
+    """
+    keys = jax.random.split(key, num_layers)
+    params = {"layers": [init_encoder_layer(k, d_model, d_ff, dtype) for k in keys]}
+    if final_norm:
+        params["norm"] = init_layer_norm(d_model, dtype)
+    return params
+
+
+# --------------------------------------------------------------------------
+# the sublayers of one layer, with their configuration bound
+
+
+class _Sublayers:
+    """``attn``, ``ffn``, ``norm1``, ``norm2`` and the two residual dropouts of
+    one layer as one-argument functions."""
+
+    def __init__(self, params, num_heads, mask, activation, eps, dropout_p, masks):
+        self.params, self.num_heads, self.mask = params, num_heads, mask
+        self.activation, self.eps, self.p, self.masks = activation, eps, dropout_p, masks
+
+    def attn(self, z):
+        """Self-attention: ``z`` is query, key and value."""
+        out, _ = multi_head_attention(z, z, z, self.params["self_attn"], self.num_heads,
+                                      mask=self.mask, dropout_p=self.p,
+                                      dropout_mask=self.masks["attention"])
+        return out  # (B, L, D)
+
+    def ffn(self, z):
+        return feed_forward(z, self.params["ffn"], self.activation, self.p, self.masks["ffn"])
+
+    def norm1(self, z):
+        return layer_norm(z, self.params["norm1"], self.eps)
+
+    def norm2(self, z):
+        return layer_norm(z, self.params["norm2"], self.eps)
+
+    def drop_attn(self, z):
+        return dropout(z, self.p, self.masks["residual_attn"])
+
+    def drop_ffn(self, z):
+        return dropout(z, self.p, self.masks["residual_ffn"])
+
+
+# --------------------------------------------------------------------------
+# validation and dropout masks
+
+
+def _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks, rng,
+                 name="dropout_masks"):
+    """Validate one layer's call; return a keep-mask (or None) for every site.
+
+    Given masks are checked (bool, exact shape); missing ones are drawn when
+    ``dropout_p > 0``, each site from its own split of ``rng`` (in
+    ``DROPOUT_SITES`` order).
+    """
+    check_float(x, "x")
+    check_rank(x, "x", ("B", "L", "D"))
+    check_params(params, "params", LAYER_KEYS)
+    check_params(params["ffn"], "ffn", FEED_FORWARD_KEYS)
+    check_divisible(x.shape[2], num_heads)
+    check_choice(activation, "activation", ACTIVATIONS)
+    check_probability(dropout_p, "dropout_p")
+    (B, L, D), H, F = x.shape, num_heads, params["ffn"]["w_1"].shape[-1]
+    shapes = {"attention": (B, H, L, L), "ffn": (B, L, F),
+              "residual_attn": (B, L, D), "residual_ffn": (B, L, D)}
+    if dropout_masks is None:
+        dropout_masks = {}
+    if not isinstance(dropout_masks, dict):
+        raise TypeError(f"{name}: expected a dict keyed by {list(DROPOUT_SITES)} or None, "
+                        f"got {type(dropout_masks).__name__}")
+    unknown = sorted(set(dropout_masks) - set(DROPOUT_SITES))
+    if unknown:
+        raise ValueError(f"{name}: unknown dropout site(s) {unknown}; "
+                         f"expected keys among {list(DROPOUT_SITES)}")
+    masks = {site: dropout_masks.get(site) for site in DROPOUT_SITES}
+    for site, m in masks.items():
+        if m is not None:
+            check_bool(m, f'{name}["{site}"]')
+            if tuple(m.shape) != shapes[site]:
+                raise ValueError(f'{name}["{site}"]: expected shape {shape_str(shapes[site])}, '
+                                 f"got {shape_str(m.shape)}")
+    if dropout_p == 0:
+        return masks
+    missing = [site for site, m in masks.items() if m is None]
+    if missing and rng is None:  # JAX has no global generator to fall back on
+        raise ValueError(
+            f"rng: expected a JAX PRNG key (or explicit {name} for every site) when "
+            f"dropout_p > 0; here dropout_p={dropout_p}, missing {missing}, got None"
+        )
+    keys = dict(zip(DROPOUT_SITES, jax.random.split(rng, len(DROPOUT_SITES)))) if missing else {}
+    for site in missing:
+        masks[site] = jax.random.bernoulli(keys[site], 1.0 - dropout_p, shapes[site])
+    return masks
+
+
+def _stack_masks(params, dropout_masks):
+    """One ``dropout_masks`` entry per layer (None when none were given)."""
+    check_params(params, "params", ("layers",))
+    layers = params["layers"]
+    if not isinstance(layers, (list, tuple)):
+        raise TypeError(f"layers: expected a list of layer params, got {type(layers).__name__}")
+    if dropout_masks is None:
+        return [None] * len(layers)
+    if not isinstance(dropout_masks, (list, tuple)) or len(dropout_masks) != len(layers):
+        got = (f"{len(dropout_masks)} entries" if isinstance(dropout_masks, (list, tuple))
+               else type(dropout_masks).__name__)
+        raise ValueError(f"dropout_masks: expected a list of {len(layers)} dicts or None "
+                         f"(one per layer), got {got}")
+    return list(dropout_masks)
