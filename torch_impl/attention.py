@@ -1,1 +1,560 @@
-__all__ = []
+"""Attention in PyTorch: softmax, scaled dot-product, additive (Bahdanau)
+and multi-head attention, and the ``MultiHeadAttention`` / ``AdditiveAttention``
+modules. The mirror of ``numpy_ref/attention.py``; gradients come from autograd.
+
+Shape legend: ``B`` batch, ``H`` heads, ``Lq`` query length, ``Lk`` key/value
+length, ``D`` model width, ``Dh = D / H``, ``Dk``/``Dv`` key/value widths,
+``Dq`` additive-attention query width, ``A`` additive-attention width.
+
+Masks are boolean, ``True`` = may attend. Masking is *selection*
+(``torch.where``), never ``-1e9`` arithmetic: a score that is masked or equal
+to ``-inf`` is left out of the softmax, so a fully masked row gets weights 0,
+output 0 and gradient 0 instead of a uniform average over padding (the
+``-1e9`` tutorial version) or ``0 / 0 = NaN``. Autograd differentiates *both*
+branches of a ``where``, so the masked branch must stay finite too: masked
+scores are replaced before ``exp`` (no ``exp(-inf - -inf)``) and an empty
+row's denominator is 1 (no ``0 / 0``); otherwise the backward pass would
+produce ``0 * NaN = NaN`` even where the forward is clean.
+
+Two paths compute ``scaled_dot_product_attention`` / ``multi_head_attention``:
+
+- ``need_weights=True`` (default): the readable math path below, returning
+  the weights. float16/bfloat16 compute scores and softmax in float32 (with
+  autocast off for those two steps) and cast the weights back.
+- ``need_weights=False``: ``F.scaled_dot_product_attention`` (a fused kernel
+  where the device has one), returning ``(out, None)``. Same semantics: the
+  bool mask is passed as ``attn_mask`` (True = attend, the kernel's own
+  polarity), a bias joins it as a float mask, and fully masked rows (mask or
+  ``-inf`` bias) are made to attend everywhere inside the kernel and zeroed
+  after, so no kernel ever sees an empty row and those rows pass no gradient
+  back, whatever the kernel does with empty rows on a given device.
+  Dropout: with an explicit ``dropout_mask`` or an ``rng`` the kernel cannot
+  reproduce the draw, so the call falls back to the math path (still
+  returning ``(out, None)``); with ``dropout_p > 0`` and neither, the kernel's
+  own dropout draws from torch's global RNG.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import (
+    HALF_DTYPES,
+    check_bool,
+    check_broadcastable,
+    check_divisible,
+    check_params,
+    check_probability,
+    check_rank,
+    check_same_device,
+    check_same_float_dtype,
+    check_shape,
+    shape_str,
+)
+from .layers import _CanonicalModule, _float_dtype, _generator, _tensors, _uniform
+
+__all__ = [
+    "softmax",
+    "scaled_dot_product_attention",
+    "additive_attention",
+    "multi_head_attention",
+    "init_multi_head_attention",
+    "init_additive_attention",
+    "MultiHeadAttention",
+    "AdditiveAttention",
+]
+
+_MHA_KEYS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
+_ADDITIVE_KEYS = ("w_1", "w_2", "v")
+
+
+# --------------------------------------------------------------------------
+# softmax
+# --------------------------------------------------------------------------
+
+
+def softmax(x, axis=-1, mask=None):
+    """Masked, numerically stable softmax.
+
+    ``p = exp(x - max_valid(x)) / sum_valid(exp(x - max_valid(x)))`` over
+    ``axis``, where an entry is *valid* iff ``mask`` is True there and
+    ``x != -inf``. Invalid entries get 0; a row without valid entries is all 0
+    (not NaN, not uniform), and so is its gradient. float16/bfloat16 inputs
+    are computed in float32 and cast back.
+
+    Args:
+      x: float tensor of any shape.
+      axis: the axis to normalise over.
+      mask: optional bool tensor broadcastable to ``x.shape`` (True = keep).
+
+    Returns:
+      ``p``, same shape and dtype as ``x``; rows sum to 1 or to 0.
+    """
+    _check_softmax(x, mask)
+    return _masked_softmax(x, mask, axis)
+
+
+def _masked_softmax(x, mask, axis):
+    dtype = x.dtype
+    x = x.float() if dtype in HALF_DTYPES else x
+    valid = x != -math.inf
+    if mask is not None:
+        valid = valid & mask
+    # Row max over the valid entries only; an empty row's max is set to 0 so
+    # that no ``-inf - (-inf)`` is ever computed. The max is only a shift
+    # (softmax is invariant to it), so no gradient flows through it.
+    m = torch.amax(torch.where(valid, x, -math.inf), dim=axis, keepdim=True).detach()
+    m = torch.where(m == -math.inf, 0.0, m)
+    e = torch.where(valid, torch.exp(torch.where(valid, x, m) - m), 0.0)
+    s = torch.sum(e, dim=axis, keepdim=True)
+    return (e / torch.where(s > 0, s, 1.0)).to(dtype)  # an empty row: 0 / 1 = 0
+
+
+# --------------------------------------------------------------------------
+# scaled dot-product attention
+# --------------------------------------------------------------------------
+
+
+def scaled_dot_product_attention(
+    q, k, v, mask=None, bias=None, scale=None, dropout_p=0.0, dropout_mask=None, rng=None,
+    need_weights=True,
+):
+    """Scaled dot-product attention (Vaswani et al. 2017, eq. 1).
+
+    ``weights = softmax(q @ kᵀ * scale + bias, mask)``,
+    ``out = dropout(weights) @ v``, ``scale = 1 / sqrt(Dk)`` unless given.
+
+    Args:
+      q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
+      k: ``(*batch, Lk, Dk)``.
+      v: ``(*batch, Lk, Dv)``.
+      mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
+      bias: optional float, broadcastable to ``(*batch, Lq, Lk)``, added to
+        the scores before masking; ``-inf`` entries count as masked.
+      scale: optional float multiplying ``q @ kᵀ``.
+      dropout_p: dropout probability on the weights, in ``[0, 1)``.
+      dropout_mask: optional bool keep-mask ``(*batch, Lq, Lk)``; drawn from
+        ``rng`` when ``dropout_p > 0`` and it is None.
+      rng: optional ``torch.Generator`` on ``q``'s device (None: global RNG).
+      need_weights: True for the math path; False for the fused
+        ``F.scaled_dot_product_attention`` path (see the module docstring),
+        which returns ``(out, None)``.
+
+    Returns:
+      ``(out (*batch, Lq, Dv), weights (*batch, Lq, Lk))``; ``weights`` is
+      the softmax *before* dropout; a fully masked row gives 0 in both.
+    """
+    _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask)
+    return _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weights)
+
+
+def _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weights):
+    """The unchecked body of :func:`scaled_dot_product_attention`.
+
+    :func:`multi_head_attention` calls it directly: under autocast its
+    projected heads are bfloat16 while a user's bias stays float32, a mix the
+    public function (rightly) refuses.
+    """
+    scale = _scale(q, scale)
+    if not need_weights:
+        return _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng), None
+    # scores and softmax in float32 for half inputs, even under autocast
+    with torch.autocast(q.device.type, enabled=False):
+        scores = _upcast(q) @ _upcast(k).transpose(-1, -2) * scale  # (*batch, Lq, Lk)
+        if bias is not None:
+            scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
+        weights = _masked_softmax(scores, mask, -1).to(q.dtype)  # (*batch, Lq, Lk)
+    keep = _keep_mask(dropout_p, dropout_mask, rng, weights)
+    dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
+    return dropped @ v, weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
+
+
+def _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng):
+    """``F.scaled_dot_product_attention`` with the spec's semantics; ``out`` only."""
+    if float(dropout_p) > 0 and (dropout_mask is not None or rng is not None):
+        return _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, True)[0]
+    valid = mask
+    if bias is not None:
+        finite = bias != -math.inf  # -inf scores count as masked
+        valid = finite if valid is None else valid & finite
+    attn_mask, any_valid = None, None
+    if valid is not None:
+        any_valid = valid.any(dim=-1, keepdim=True)  # (*batch, Lq, 1)
+        valid = valid | ~any_valid  # an empty row attends everywhere, zeroed below
+        attn_mask = valid
+        if bias is not None:
+            attn_mask = torch.where(valid, torch.where(finite, bias, 0.0), -math.inf).to(q.dtype)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=float(dropout_p), scale=scale
+    )  # (*batch, Lq, Dv)
+    return out if any_valid is None else torch.where(any_valid, out, 0.0)
+
+
+# --------------------------------------------------------------------------
+# additive (Bahdanau) attention
+# --------------------------------------------------------------------------
+
+
+def additive_attention(query, keys, params, mask=None):
+    """Additive attention (Bahdanau et al. 2015).
+
+    ``e[b, i, j] = v · tanh(keys[b, j] @ w_1 + query[b, i] @ w_2)``,
+    ``weights = softmax(e, mask)`` over ``j``, ``context = weights @ keys``.
+    The keys are also the values, as in the paper. float16/bfloat16 compute
+    the softmax in float32.
+
+    Args:
+      query: ``(B, Lq, Dq)`` decoder states.
+      keys: ``(B, Lk, Dk)`` encoder states.
+      params: ``{"w_1": (Dk, A), "w_2": (Dq, A), "v": (A,)}``.
+      mask: optional bool broadcastable to ``(B, Lq, Lk)``; a 4-D mask with a
+        head axis of size 1 (``padding_mask``'s ``(B, 1, 1, Lk)``) is accepted
+        and the head axis dropped.
+
+    Returns:
+      ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
+    """
+    mask = _check_additive(query, keys, params, mask)
+    t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
+    e = t @ params["v"]  # (B, Lq, Lk)
+    weights = _masked_softmax(e, mask, -1)  # (B, Lq, Lk)
+    return weights @ keys, weights  # (B, Lq, Dk), (B, Lq, Lk)
+
+
+def _additive_hidden(query, keys, params):
+    keys_proj = keys @ params["w_1"]  # (B, Lk, A)
+    query_proj = query @ params["w_2"]  # (B, Lq, A)
+    return torch.tanh(query_proj[:, :, None, :] + keys_proj[:, None, :, :])  # (B, Lq, Lk, A)
+
+
+# --------------------------------------------------------------------------
+# multi-head attention
+# --------------------------------------------------------------------------
+
+
+def multi_head_attention(
+    query, key, value, params, num_heads, *, mask=None, bias=None,
+    dropout_p=0.0, dropout_mask=None, rng=None, need_weights=True,
+):
+    """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
+
+    ``head_h = attention(query w_q[:, h], key w_k[:, h], value w_v[:, h])``,
+    ``out = concat(head_1 .. head_H) @ w_o + b_o`` (with biases ``b_q``,
+    ``b_k``, ``b_v`` on the projections), attention scaled by ``1/sqrt(Dh)``.
+
+    Args:
+      query: ``(B, Lq, D)``.
+      key, value: ``(B, Lk, D)`` (``Lq != Lk`` is cross-attention).
+      params: ``{"w_q", "w_k", "w_v", "w_o": (D, D), "b_q", "b_k", "b_v",
+        "b_o": (D,)}``, ``y = x @ w + b``.
+      num_heads: ``H``; must divide ``D``.
+      mask, bias: optional, broadcastable to ``(B, H, Lq, Lk)``.
+      dropout_p, dropout_mask, rng: dropout on the attention weights;
+        ``dropout_mask (B, H, Lq, Lk)``.
+      need_weights: False takes the fused path and returns ``(out, None)``.
+
+    Returns:
+      ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
+    """
+    _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)
+    qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, L, Dh)
+    # 3) attend
+    heads, weights = _attend(
+        qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng, need_weights
+    )  # (B, H, Lq, Dh), (B, H, Lq, Lk) or None
+    # 4) concat
+    concat = _merge_heads(heads)  # (B, Lq, D)
+    # 5) output projection
+    return concat @ params["w_o"] + params["b_o"], weights  # (B, Lq, D), (B, H, Lq, Lk)
+
+
+def _project_heads(query, key, value, params, num_heads):
+    # 1) project
+    q = query @ params["w_q"] + params["b_q"]  # (B, Lq, D)
+    k = key @ params["w_k"] + params["b_k"]  # (B, Lk, D)
+    v = value @ params["w_v"] + params["b_v"]  # (B, Lk, D)
+    # 2) split heads
+    return tuple(_split_heads(x, num_heads) for x in (q, k, v))  # (B, H, L, Dh)
+
+
+def _split_heads(x, num_heads):
+    B, L, D = x.shape
+    return x.reshape(B, L, num_heads, D // num_heads).transpose(1, 2)  # (B, H, L, Dh)
+
+
+def _merge_heads(x):
+    B, H, L, Dh = x.shape
+    return x.transpose(1, 2).reshape(B, L, H * Dh)  # (B, L, D)
+
+
+# --------------------------------------------------------------------------
+# initialisers
+# --------------------------------------------------------------------------
+
+
+def init_multi_head_attention(rng, d_model, dtype=None, device=None):
+    """Parameters for :func:`multi_head_attention`.
+
+    Weights ``(D, D)`` Xavier-uniform, ``U(-a, a)`` with
+    ``a = sqrt(6 / (D + D))``; biases zero ``(D,)``, as ``nn.MultiheadAttention``.
+    ``rng``: a ``torch.Generator`` (CPU), an int seed, or None (global RNG);
+    drawn in float64 on the CPU, then cast to ``dtype`` and moved to ``device``.
+    """
+    rng = _generator(rng)
+    params = {}
+    for name in ("q", "k", "v", "o"):
+        params[f"w_{name}"] = _xavier_uniform(rng, d_model, d_model)
+        params[f"b_{name}"] = torch.zeros(d_model, dtype=torch.float64)
+    return {k: x.to(dtype=_float_dtype(dtype), device=device) for k, x in params.items()}
+
+
+def init_additive_attention(rng, d_query, d_key, d_attn, dtype=None, device=None):
+    """Parameters for :func:`additive_attention`.
+
+    ``w_1 (Dk, A)`` and ``w_2 (Dq, A)`` Xavier-uniform,
+    ``v (A,) ~ U(-1/sqrt(A), 1/sqrt(A))``.
+    ``rng``: a ``torch.Generator`` (CPU), an int seed, or None (global RNG).
+    """
+    rng = _generator(rng)
+    bound = 1.0 / math.sqrt(d_attn)
+    params = {
+        "w_1": _xavier_uniform(rng, d_key, d_attn),
+        "w_2": _xavier_uniform(rng, d_query, d_attn),
+        "v": _uniform(rng, -bound, bound, (d_attn,)),
+    }
+    return {k: x.to(dtype=_float_dtype(dtype), device=device) for k, x in params.items()}
+
+
+def _xavier_uniform(rng, fan_in, fan_out):
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    return _uniform(rng, -bound, bound, (fan_in, fan_out))
+
+
+# --------------------------------------------------------------------------
+# shared pieces: scale, dropout, precision
+# --------------------------------------------------------------------------
+
+
+def _scale(q, scale):
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def _keep_mask(dropout_p, dropout_mask, rng, weights):
+    """The bool keep-mask of the weights, or None when dropout is off."""
+    if float(dropout_p) == 0.0:
+        return None
+    if dropout_mask is not None:
+        return dropout_mask
+    return torch.rand(weights.shape, generator=_generator(rng), device=weights.device) >= float(dropout_p)
+
+
+def _dropout(x, keep, dropout_p):
+    """Inverted dropout ``x * keep / (1 - p)``."""
+    return x if keep is None else x * keep / (1.0 - float(dropout_p))
+
+
+def _upcast(x):
+    return x.float() if x.dtype in HALF_DTYPES else x
+
+
+# --------------------------------------------------------------------------
+# validation (the shared rules of numpy_ref/_checks.py, plus numpy_ref's
+# private ones, with the same messages, and a device check)
+# --------------------------------------------------------------------------
+
+
+def _axis_letters(ndim):
+    return tuple(f"N{i}" for i in range(ndim))
+
+
+def _batch_letters(ndim):
+    return ("B", "H")[: ndim - 2]
+
+
+def _check_softmax(x, mask):
+    check_same_float_dtype({"x": x})
+    if mask is not None:
+        check_bool(mask, "mask")
+        check_broadcastable(mask, "mask", x.shape, _axis_letters(x.ndim))
+        check_same_device(mask, "mask", x, "x")
+
+
+def _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask):
+    check_same_float_dtype({"q": q, "k": k, "v": v, "bias": bias})
+    if q.ndim not in (3, 4):  # private rule: two admissible ranks
+        raise ValueError(
+            f"q: expected shape (B, Lq, Dk) or (B, H, Lq, Dk), got {shape_str(q.shape)}"
+        )
+    batch = _batch_letters(q.ndim)
+    sizes = dict(zip(batch, q.shape[:-2]))
+    check_shape(k, "k", (*batch, "Lk", "Dk"), {**sizes, "Dk": q.shape[-1]})
+    check_shape(v, "v", (*batch, "Lk", "Dv"), {**sizes, "Lk": k.shape[-2]})
+    target = (*q.shape[:-1], k.shape[-2])
+    _check_extras(mask, bias, dropout_p, dropout_mask, target, (*batch, "Lq", "Lk"))
+    for name, x in (("k", k), ("v", v), ("mask", mask), ("bias", bias), ("dropout_mask", dropout_mask)):
+        check_same_device(x, name, q, "q")
+
+
+def _check_additive(query, keys, params, mask):
+    """Validate; return the mask with a size-1 head axis dropped."""
+    check_params(params, "params", _ADDITIVE_KEYS)
+    named = {f"params.{n}": params[n] for n in _ADDITIVE_KEYS}
+    check_same_float_dtype({"query": query, "keys": keys, **named})
+    check_rank(query, "query", ("B", "Lq", "Dq"))
+    (B, Lq, Dq) = query.shape
+    check_shape(keys, "keys", ("B", "Lk", "Dk"), {"B": B})
+    Lk, Dk = keys.shape[1:]
+    check_shape(params["w_1"], "params.w_1", ("Dk", "A"), {"Dk": Dk})
+    A = params["w_1"].shape[1]
+    check_shape(params["w_2"], "params.w_2", ("Dq", "A"), {"Dq": Dq, "A": A})
+    check_shape(params["v"], "params.v", ("A",), {"A": A})
+    for name, x in (("keys", keys), *named.items(), ("mask", mask)):
+        check_same_device(x, name, query, "query")
+    if mask is None:
+        return None
+    check_bool(mask, "mask")
+    if mask.ndim == 4:
+        check_broadcastable(mask, "mask", (B, 1, Lq, Lk), ("B", "H", "Lq", "Lk"))
+        mask = mask[:, 0]
+    check_broadcastable(mask, "mask", (B, Lq, Lk), ("B", "Lq", "Lk"))
+    return mask
+
+
+def _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask):
+    check_params(params, "params", _MHA_KEYS)
+    named = {f"params.{n}": params[n] for n in _MHA_KEYS}
+    check_same_float_dtype({"query": query, "key": key, "value": value, **named, "bias": bias})
+    check_rank(query, "query", ("B", "Lq", "D"))
+    B, Lq, D = query.shape
+    if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral):
+        raise TypeError(f"num_heads: expected a positive int, got {num_heads!r}")  # private rule
+    check_divisible(D, num_heads)
+    check_shape(key, "key", ("B", "Lk", "D"), {"B": B, "D": D})
+    check_shape(value, "value", ("B", "Lk", "D"), {"B": B, "Lk": key.shape[1], "D": D})
+    for name, x in named.items():
+        check_shape(x, name, ("D", "D") if name.startswith("params.w") else ("D",), {"D": D})
+    target = (B, int(num_heads), Lq, key.shape[1])
+    _check_extras(mask, bias, dropout_p, dropout_mask, target, ("B", "H", "Lq", "Lk"))
+    others = (("key", key), ("value", value), *named.items(), ("mask", mask), ("bias", bias),
+              ("dropout_mask", dropout_mask))
+    for name, x in others:
+        check_same_device(x, name, query, "query")
+
+
+def _check_extras(mask, bias, dropout_p, dropout_mask, target, letters):
+    if mask is not None:
+        check_bool(mask, "mask")
+        check_broadcastable(mask, "mask", target, letters)
+    if bias is not None:
+        check_broadcastable(bias, "bias", target, letters)
+    check_probability(dropout_p)
+    if dropout_mask is not None:
+        check_bool(dropout_mask, "dropout_mask")
+        check_shape(dropout_mask, "dropout_mask", letters, dict(zip(letters, target)))
+
+
+# --------------------------------------------------------------------------
+# modules
+# --------------------------------------------------------------------------
+
+
+class MultiHeadAttention(_CanonicalModule):
+    """:func:`multi_head_attention` with its eight parameters on the module.
+
+    Parameters ``w_q, w_k, w_v, w_o (D, D)`` and ``b_q, b_k, b_v, b_o (D,)``
+    in the canonical ``y = x @ w + b`` layout (so ``state_dict()`` keys are
+    the canonical keys; ``interop`` converts to ``nn.MultiheadAttention``).
+    Dropout on the attention weights is active in ``train()`` only.
+
+    Args:
+      d_model: ``D``.
+      num_heads: ``H``, must divide ``D``.
+      dropout: drop probability of the attention weights.
+      dtype, device: of the parameters.
+    """
+
+    def __init__(self, d_model, num_heads, dropout=0.0, *, dtype=None, device=None):
+        super().__init__()
+        check_divisible(d_model, num_heads)
+        check_probability(dropout, "dropout")
+        self.d_model, self.num_heads, self.dropout = d_model, num_heads, float(dropout)
+        dtype = _float_dtype(dtype)
+        for name in _MHA_KEYS:
+            shape = (d_model, d_model) if name.startswith("w") else (d_model,)
+            setattr(self, name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device)))
+        self.reset_parameters()
+
+    def reset_parameters(self, rng=None):
+        """Redraw as :func:`init_multi_head_attention` (Xavier weights, zero biases)."""
+        self.load_params(init_multi_head_attention(rng, self.d_model))
+
+    def forward(self, query, key=None, value=None, mask=None, bias=None, need_weights=True,
+                dropout_mask=None):
+        """Self-attention when ``key``/``value`` are None (``key = query``,
+        ``value = key``); returns ``(out (B, Lq, D), weights (B, H, Lq, Lk) or None)``."""
+        key = query if key is None else key
+        value = key if value is None else value
+        return multi_head_attention(
+            query, key, value, self.params(), self.num_heads, mask=mask, bias=bias,
+            dropout_p=self.dropout if self.training else 0.0, dropout_mask=dropout_mask,
+            need_weights=need_weights,
+        )
+
+    def params(self):
+        return {k: getattr(self, k) for k in _MHA_KEYS}
+
+    @classmethod
+    def from_params(cls, params, num_heads, dropout=0.0):
+        """A module holding a copy of the eight canonical parameters."""
+        params = _tensors(params)
+        w_q = params["w_q"]
+        module = cls(w_q.shape[0], num_heads, dropout, dtype=w_q.dtype, device=w_q.device)
+        return module.load_params(params)
+
+    def extra_repr(self):
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"
+
+
+class AdditiveAttention(_CanonicalModule):
+    """:func:`additive_attention` with parameters ``w_1 (Dk, A)``, ``w_2 (Dq, A)``, ``v (A,)``.
+
+    Args:
+      d_query: ``Dq``, width of the query (decoder state).
+      d_key: ``Dk``, width of the keys (encoder states, also the values).
+      d_attn: ``A``, width of the hidden layer.
+    """
+
+    def __init__(self, d_query, d_key, d_attn, *, dtype=None, device=None):
+        super().__init__()
+        self.d_query, self.d_key, self.d_attn = d_query, d_key, d_attn
+        dtype = _float_dtype(dtype)
+        for name, shape in (("w_1", (d_key, d_attn)), ("w_2", (d_query, d_attn)), ("v", (d_attn,))):
+            setattr(self, name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device)))
+        self.reset_parameters()
+
+    def reset_parameters(self, rng=None):
+        """Redraw as :func:`init_additive_attention`."""
+        self.load_params(init_additive_attention(rng, self.d_query, self.d_key, self.d_attn))
+
+    def forward(self, query, keys, mask=None):
+        """``query (B, Lq, Dq)``, ``keys (B, Lk, Dk)`` -> ``(context (B, Lq, Dk), weights (B, Lq, Lk))``."""
+        return additive_attention(query, keys, self.params(), mask)
+
+    def params(self):
+        return {k: getattr(self, k) for k in _ADDITIVE_KEYS}
+
+    @classmethod
+    def from_params(cls, params):
+        """A module holding a copy of ``{"w_1", "w_2", "v"}``."""
+        params = _tensors(params)
+        (d_key, d_attn), d_query = params["w_1"].shape, params["w_2"].shape[0]
+        w_1 = params["w_1"]
+        module = cls(d_query, d_key, d_attn, dtype=w_1.dtype, device=w_1.device)
+        return module.load_params(params)
+
+    def extra_repr(self):
+        return f"d_query={self.d_query}, d_key={self.d_key}, d_attn={self.d_attn}"

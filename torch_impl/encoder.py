@@ -1,1 +1,379 @@
-__all__ = []
+"""The Transformer encoder layer and stack (Vaswani et al. 2017, §3.1).
+
+A layer is two residual blocks, self-attention then feed-forward, each read
+as one line (post-norm, the paper's placement and PyTorch's default)::
+
+    h   = norm1(x + drop(attn(x)))
+    out = norm2(h + drop(ffn(h)))
+
+or with ``norm_first=True`` (pre-norm, GPT-2 / nanoGPT)::
+
+    h   = x + drop(attn(norm1(x)))
+    out = h + drop(ffn(norm2(h)))
+
+Dropout sits where ``nn.TransformerEncoderLayer`` puts it: on the attention
+weights, on the FFN hidden layer, and on each residual branch. Sites without
+an explicit keep-mask draw their own when ``dropout_p > 0``: the attention
+site inside :func:`multi_head_attention`, so that the fused path
+(``need_weights=False``) can use the kernel's own dropout.
+
+The modules ``TransformerEncoderLayer`` and ``TransformerEncoder`` call these
+functions with their ``params()``, so module and function cannot drift apart.
+
+Shape letters: ``B`` batch, ``H`` heads, ``L`` length, ``D`` model width,
+``F`` feed-forward width.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from ._checks import (
+    check_bool,
+    check_choice,
+    check_divisible,
+    check_float,
+    check_params,
+    check_probability,
+    check_rank,
+    check_same_device,
+    shape_str,
+)
+from .attention import MultiHeadAttention, init_multi_head_attention, multi_head_attention
+from .layers import (
+    ACTIVATIONS,
+    FEED_FORWARD_KEYS,
+    FeedForward,
+    LayerNorm,
+    _CanonicalModule,
+    _generator,
+    _tensors,
+    dropout,
+    feed_forward,
+    init_feed_forward,
+    init_layer_norm,
+    layer_norm,
+)
+
+__all__ = [
+    "encoder_layer",
+    "encoder",
+    "init_encoder_layer",
+    "init_encoder",
+    "TransformerEncoderLayer",
+    "TransformerEncoder",
+]
+
+LAYER_KEYS = ("self_attn", "ffn", "norm1", "norm2")
+DROPOUT_SITES = ("attention", "ffn", "residual_attn", "residual_ffn")
+
+
+def encoder_layer(x, params, num_heads, *, mask=None, norm_first=False, activation="relu",
+                  eps=1e-5, dropout_p=0.0, dropout_masks=None, rng=None, need_weights=True):
+    """One encoder layer: self-attention block, then feed-forward block.
+
+    post-norm: ``h = norm1(x + drop(attn(x)))``, ``out = norm2(h + drop(ffn(h)))``;
+    pre-norm (``norm_first=True``): ``h = x + drop(attn(norm1(x)))``,
+    ``out = h + drop(ffn(norm2(h)))``.
+
+    Args:
+      x: ``(B, L, D)``.
+      params: ``{"self_attn": mha params, "ffn": feed-forward params,
+        "norm1": layer-norm params, "norm2": layer-norm params}``.
+      num_heads: ``H``, divides ``D``.
+      mask: bool, broadcastable to ``(B, H, L, L)``; True = may attend.
+      norm_first: pre-norm instead of the paper's post-norm.
+      activation: ``"relu"`` or ``"gelu"`` (exact erf form).
+      eps: layer-norm epsilon.
+      dropout_p: drop probability in ``[0, 1)`` at every site.
+      dropout_masks: dict with any of ``"attention" (B, H, L, L)``,
+        ``"ffn" (B, L, F)``, ``"residual_attn" (B, L, D)``,
+        ``"residual_ffn" (B, L, D)`` (bool keep-masks); missing sites are
+        drawn from ``rng`` when ``dropout_p > 0``.
+      rng: ``torch.Generator`` on ``x``'s device, an int seed, or None
+        (torch's global RNG).
+      need_weights: torch only; False routes the self-attention through the
+        fused ``F.scaled_dot_product_attention`` path (the weights are never
+        returned by a layer either way).
+
+    Returns:
+      ``(B, L, D)``.
+    """
+    masks = _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks)
+    s = _Sublayers(params, num_heads, mask, activation, eps, dropout_p, masks,
+                   _generator(rng), need_weights)
+    if norm_first:
+        h = x + s.drop_attn(s.attn(s.norm1(x)))
+        return h + s.drop_ffn(s.ffn(s.norm2(h)))
+    h = s.norm1(x + s.drop_attn(s.attn(x)))
+    return s.norm2(h + s.drop_ffn(s.ffn(h)))
+
+
+def encoder(x, params, num_heads, *, mask=None, norm_first=False, activation="relu", eps=1e-5,
+            dropout_p=0.0, dropout_masks=None, rng=None, need_weights=True):
+    """A stack of encoder layers, then an optional final layer norm.
+
+    ``out = norm(layer_N(... layer_1(x)))``, ``norm`` applied iff
+    ``"norm" in params`` (pre-norm stacks want it, as GPT-2's ``ln_f``).
+
+    Args:
+      x: ``(B, L, D)``.
+      params: ``{"layers": [layer params, ...], "norm"?: layer-norm params}``.
+      dropout_masks: list with one :func:`encoder_layer` ``dropout_masks``
+        dict (or None) per layer, or None.
+      num_heads, mask, norm_first, activation, eps, dropout_p, rng,
+        need_weights: as for :func:`encoder_layer`, shared by every layer.
+
+    Returns:
+      ``(B, L, D)``.
+    """
+    per_layer = _stack_masks(params, dropout_masks)
+    rng = _generator(rng)
+    for layer, masks in zip(params["layers"], per_layer):
+        x = encoder_layer(x, layer, num_heads, mask=mask, norm_first=norm_first,
+                          activation=activation, eps=eps, dropout_p=dropout_p,
+                          dropout_masks=masks, rng=rng, need_weights=need_weights)
+    return layer_norm(x, params["norm"], eps) if "norm" in params else x
+
+
+def init_encoder_layer(rng, d_model, d_ff, dtype=None, device=None):
+    """``{"self_attn", "ffn", "norm1", "norm2"}`` with each block's own init."""
+    rng = _generator(rng)
+    return {
+        "self_attn": init_multi_head_attention(rng, d_model, dtype, device),
+        "ffn": init_feed_forward(rng, d_model, d_ff, dtype, device),
+        "norm1": init_layer_norm(d_model, dtype, device),
+        "norm2": init_layer_norm(d_model, dtype, device),
+    }
+
+
+def init_encoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=None, device=None):
+    """``{"layers": [num_layers layer params], "norm"?: layer-norm params}``."""
+    rng = _generator(rng)
+    params = {"layers": [init_encoder_layer(rng, d_model, d_ff, dtype, device)
+                         for _ in range(num_layers)]}
+    if final_norm:
+        params["norm"] = init_layer_norm(d_model, dtype, device)
+    return params
+
+
+# --------------------------------------------------------------------------
+# the sublayers of one layer, with their configuration bound
+
+
+class _Sublayers:
+    """``attn``, ``ffn``, ``norm1``, ``norm2`` and the two residual dropouts of
+    one layer as one-argument functions."""
+
+    def __init__(self, params, num_heads, mask, activation, eps, dropout_p, masks, rng,
+                 need_weights):
+        self.params, self.num_heads, self.mask = params, num_heads, mask
+        self.activation, self.eps, self.p, self.masks = activation, eps, dropout_p, masks
+        self.rng, self.need_weights = rng, need_weights
+
+    def attn(self, z):
+        """Self-attention: ``z`` is query, key and value."""
+        out, _ = multi_head_attention(z, z, z, self.params["self_attn"], self.num_heads,
+                                      mask=self.mask, dropout_p=self.p,
+                                      dropout_mask=self.masks["attention"], rng=self.rng,
+                                      need_weights=self.need_weights)
+        return out  # (B, L, D)
+
+    def ffn(self, z):
+        return feed_forward(z, self.params["ffn"], self.activation, self.p, self.masks["ffn"],
+                            self.rng)
+
+    def norm1(self, z):
+        return layer_norm(z, self.params["norm1"], self.eps)
+
+    def norm2(self, z):
+        return layer_norm(z, self.params["norm2"], self.eps)
+
+    def drop_attn(self, z):
+        return dropout(z, self.p, self.masks["residual_attn"], self.rng)
+
+    def drop_ffn(self, z):
+        return dropout(z, self.p, self.masks["residual_ffn"], self.rng)
+
+
+# --------------------------------------------------------------------------
+# validation and dropout masks
+
+
+def _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks,
+                 name="dropout_masks"):
+    """Validate one layer's call; return a keep-mask (or None) for every site.
+
+    Given masks are checked (bool, exact shape, ``x``'s device); missing ones
+    stay None and the sublayer draws them (numpy_ref draws them here).
+    """
+    check_float(x, "x")
+    check_rank(x, "x", ("B", "L", "D"))
+    check_params(params, "params", LAYER_KEYS)
+    check_params(params["ffn"], "ffn", FEED_FORWARD_KEYS)
+    check_divisible(x.shape[2], num_heads)
+    check_choice(activation, "activation", ACTIVATIONS)
+    check_probability(dropout_p, "dropout_p")
+    (B, L, D), H, F = x.shape, num_heads, params["ffn"]["w_1"].shape[-1]
+    shapes = {"attention": (B, H, L, L), "ffn": (B, L, F),
+              "residual_attn": (B, L, D), "residual_ffn": (B, L, D)}
+    if dropout_masks is None:
+        dropout_masks = {}
+    if not isinstance(dropout_masks, dict):
+        raise TypeError(f"{name}: expected a dict keyed by {list(DROPOUT_SITES)} or None, "
+                        f"got {type(dropout_masks).__name__}")
+    unknown = sorted(set(dropout_masks) - set(DROPOUT_SITES))
+    if unknown:
+        raise ValueError(f"{name}: unknown dropout site(s) {unknown}; "
+                         f"expected keys among {list(DROPOUT_SITES)}")
+    masks = {site: dropout_masks.get(site) for site in DROPOUT_SITES}
+    for site, m in masks.items():
+        if m is not None:
+            check_bool(m, f'{name}["{site}"]')
+            if tuple(m.shape) != shapes[site]:
+                raise ValueError(f'{name}["{site}"]: expected shape {shape_str(shapes[site])}, '
+                                 f"got {shape_str(m.shape)}")
+            check_same_device(m, f'{name}["{site}"]', x, "x")
+    return masks
+
+
+def _stack_masks(params, dropout_masks):
+    """One ``dropout_masks`` entry per layer (None when none were given)."""
+    check_params(params, "params", ("layers",))
+    layers = params["layers"]
+    if not isinstance(layers, (list, tuple)):
+        raise TypeError(f"layers: expected a list of layer params, got {type(layers).__name__}")
+    if dropout_masks is None:
+        return [None] * len(layers)
+    if not isinstance(dropout_masks, (list, tuple)) or len(dropout_masks) != len(layers):
+        got = (f"{len(dropout_masks)} entries" if isinstance(dropout_masks, (list, tuple))
+               else type(dropout_masks).__name__)
+        raise ValueError(f"dropout_masks: expected a list of {len(layers)} dicts or None "
+                         f"(one per layer), got {got}")
+    return list(dropout_masks)
+
+
+# --------------------------------------------------------------------------
+# modules
+
+
+class TransformerEncoderLayer(_CanonicalModule):
+    """:func:`encoder_layer` as a module: submodules ``self_attn``, ``ffn``,
+    ``norm1``, ``norm2`` (``state_dict()`` keys ``self_attn.w_q``, ...,
+    ``norm2.beta``). Dropout at all four sites in ``train()``, none in ``eval()``.
+
+    Args:
+      d_model: ``D``.
+      num_heads: ``H``.
+      d_ff: ``F``.
+      dropout: drop probability at every site (``nn.TransformerEncoderLayer``'s default 0.1).
+      activation: ``"relu"`` or ``"gelu"``.
+      norm_first: pre-norm instead of post-norm.
+      eps: layer-norm epsilon.
+      dtype, device: of the parameters.
+    """
+
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, activation="relu",
+                 norm_first=False, eps=1e-5, *, dtype=None, device=None):
+        super().__init__()
+        check_choice(activation, "activation", ACTIVATIONS)
+        check_probability(dropout, "dropout")
+        self.num_heads, self.dropout, self.activation = num_heads, float(dropout), activation
+        self.norm_first, self.eps = norm_first, eps
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, dtype=dtype, device=device)
+        self.ffn = FeedForward(d_model, d_ff, activation, dropout, dtype=dtype, device=device)
+        self.norm1 = LayerNorm(d_model, eps, dtype=dtype, device=device)
+        self.norm2 = LayerNorm(d_model, eps, dtype=dtype, device=device)
+
+    def reset_parameters(self, rng=None):
+        """Redraw as :func:`init_encoder_layer`."""
+        d_model, d_ff = self.ffn.d_model, self.ffn.d_ff
+        self.load_params(init_encoder_layer(rng, d_model, d_ff))
+
+    def forward(self, x, mask=None, dropout_masks=None, need_weights=True):
+        """``x (B, L, D)`` -> ``(B, L, D)``; ``need_weights=False`` takes the fused attention path."""
+        return encoder_layer(
+            x, self.params(), self.num_heads, mask=mask, norm_first=self.norm_first,
+            activation=self.activation, eps=self.eps,
+            dropout_p=self.dropout if self.training else 0.0, dropout_masks=dropout_masks,
+            need_weights=need_weights,
+        )
+
+    def params(self):
+        return {name: getattr(self, name).params() for name in LAYER_KEYS}
+
+    @classmethod
+    def from_params(cls, params, num_heads, dropout=0.1, activation="relu", norm_first=False,
+                    eps=1e-5):
+        """A module holding a copy of the nested layer params."""
+        params = _tensors(params)
+        w_1 = params["ffn"]["w_1"]
+        module = cls(*w_1.shape[:1], num_heads, w_1.shape[1], dropout, activation, norm_first,
+                     eps, dtype=w_1.dtype, device=w_1.device)
+        return module.load_params(params)
+
+    def extra_repr(self):
+        return (f"num_heads={self.num_heads}, dropout={self.dropout}, "
+                f"activation={self.activation!r}, norm_first={self.norm_first}, eps={self.eps}")
+
+
+class TransformerEncoder(_CanonicalModule):
+    """:func:`encoder` as a module: ``layers`` (an ``nn.ModuleList`` of
+    :class:`TransformerEncoderLayer`) and, iff ``final_norm``, ``norm``
+    (``state_dict()`` keys ``layers.0.self_attn.w_q``, ..., ``norm.gamma``).
+
+    Args:
+      num_layers: ``N``.
+      d_model, num_heads, d_ff, dropout, activation, norm_first, eps: as
+        :class:`TransformerEncoderLayer`, shared by every layer.
+      final_norm: a layer norm after the last layer (for pre-norm stacks).
+      dtype, device: of the parameters.
+    """
+
+    def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, activation="relu",
+                 norm_first=False, eps=1e-5, final_norm=False, *, dtype=None, device=None):
+        super().__init__()
+        self.num_heads, self.dropout, self.activation = num_heads, float(dropout), activation
+        self.norm_first, self.eps = norm_first, eps
+        self.layers = nn.ModuleList(
+            TransformerEncoderLayer(d_model, num_heads, d_ff, dropout, activation, norm_first, eps,
+                                    dtype=dtype, device=device)
+            for _ in range(num_layers)
+        )
+        self.norm = LayerNorm(d_model, eps, dtype=dtype, device=device) if final_norm else None
+
+    def reset_parameters(self, rng=None):
+        """Redraw as :func:`init_encoder`."""
+        first = self.layers[0].ffn if len(self.layers) else None
+        if first is not None:
+            self.load_params(init_encoder(rng, len(self.layers), first.d_model, first.d_ff,
+                                          final_norm=self.norm is not None))
+
+    def forward(self, x, mask=None, dropout_masks=None, need_weights=True):
+        """``x (B, L, D)`` -> ``(B, L, D)``; ``dropout_masks``: one dict (or None) per layer."""
+        return encoder(
+            x, self.params(), self.num_heads, mask=mask, norm_first=self.norm_first,
+            activation=self.activation, eps=self.eps,
+            dropout_p=self.dropout if self.training else 0.0, dropout_masks=dropout_masks,
+            need_weights=need_weights,
+        )
+
+    def params(self):
+        params = {"layers": [layer.params() for layer in self.layers]}
+        if self.norm is not None:
+            params["norm"] = self.norm.params()
+        return params
+
+    @classmethod
+    def from_params(cls, params, num_heads, dropout=0.1, activation="relu", norm_first=False,
+                    eps=1e-5):
+        """A module holding a copy of ``{"layers": [...], "norm"?: ...}``."""
+        params = _tensors(params)
+        w_1 = params["layers"][0]["ffn"]["w_1"]
+        module = cls(len(params["layers"]), w_1.shape[0], num_heads, w_1.shape[1], dropout,
+                     activation, norm_first, eps, final_norm="norm" in params,
+                     dtype=w_1.dtype, device=w_1.device)
+        return module.load_params(params)
+
+    def extra_repr(self):
+        return (f"num_heads={self.num_heads}, dropout={self.dropout}, "
+                f"activation={self.activation!r}, norm_first={self.norm_first}, eps={self.eps}")
