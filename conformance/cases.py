@@ -1,0 +1,653 @@
+"""The case catalog: every conformance case, in code, built from a seed.
+
+A case is a name (``"component/variant"``, e.g. ``"mha/cross/padding+causal"``),
+the public function it calls, and a builder that draws every argument from a
+``numpy.random.Generator`` seeded by the name. ``Case.call()`` turns it into a
+:class:`conformance.protocol.Call`: ``kwargs`` holds every argument by name
+(float arrays float64, masks bool, lengths/tokens int, ``params`` nested dicts
+with a list for ``"layers"``, config values plain Python; ``rng`` is never
+passed), ``wrt`` names every float input and parameter (flattened with dots),
+and ``cotangents`` holds one random upstream gradient per output.
+
+Conventions an adapter must follow (helpers in ``conformance.invoke``):
+
+- ``combine_masks(*masks)`` is the only varargs function: its masks come as a
+  list under ``kwargs["masks"]``.
+- ``mask_to_bias`` and ``sinusoidal_encoding`` take ``kwargs["dtype"] =
+  "float64"``; an adapter replaces it with the dtype it runs in.
+
+Dimensions differ within every case (SPEC section 4) so a swapped axis cannot
+pass: attention uses B=2, H=3, Lq=5, Lk=7, Dk=4, Dv=6 (sdpa) or D=12, Dh=4
+(mha); the encoder uses B=2, H=3, L=5, D=12, F=20; additive attention B=2,
+Lq=3, Lk=7, Dq=5, Dk=6, A=4.
+
+Error cases carry ``error = (exception type name, argument name)``: the call
+must raise that type with a message starting with that argument name.
+
+Tolerance classes: ``"default"`` for everything; ``"deep"`` for the encoder
+stack (see ``conformance.tolerances``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from functools import partial
+from typing import Callable
+
+import numpy as np
+
+from .protocol import Call, flatten, output_names
+
+__all__ = ["Case", "CASES", "CASES_BY_NAME", "MODULES", "component", "cases"]
+
+#: the file of each public function (``Call.module``)
+MODULES = {
+    "padding_mask": "masks",
+    "causal_mask": "masks",
+    "combine_masks": "masks",
+    "mask_to_bias": "masks",
+    "sinusoidal_encoding": "positional",
+    "add_positional_encoding": "positional",
+    "softmax": "attention",
+    "scaled_dot_product_attention": "attention",
+    "additive_attention": "attention",
+    "multi_head_attention": "attention",
+    "linear": "layers",
+    "layer_norm": "layers",
+    "feed_forward": "layers",
+    "dropout": "layers",
+    "encoder_layer": "encoder",
+    "encoder": "encoder",
+}
+
+#: report order of the components (the first part of a case name)
+COMPONENTS = (
+    "masks", "positional", "softmax", "sdpa", "additive", "mha", "linear",
+    "layer_norm", "feed_forward", "dropout", "encoder_layer", "encoder",
+)
+
+
+def component(name: str) -> str:
+    """``"mha/cross/padding"`` -> ``"mha"``."""
+    return name.split("/", 1)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One catalog entry.
+
+    Attributes:
+      name: ``"component/variant"``, unique, a readable pytest id.
+      function: public function name shared by the mirrors.
+      build: ``build(rng) -> kwargs``; all randomness comes from ``rng``.
+      tolerance: tolerance class, ``"default"`` or ``"deep"``.
+      error: ``(exception type name, argument name)`` for error cases.
+      note: what the case pins, one line (goes to the manifest).
+    """
+
+    name: str
+    function: str
+    build: Callable[[np.random.Generator], dict]
+    tolerance: str = "default"
+    error: tuple[str, str] | None = None
+    note: str = ""
+
+    @property
+    def seed(self) -> int:
+        return zlib.crc32(self.name.encode())
+
+    @property
+    def module(self) -> str:
+        return MODULES[self.function]
+
+    def call(self) -> Call:
+        """The framework-neutral call, with cotangents shaped by numpy_ref's forward."""
+        rng = np.random.default_rng(self.seed)
+        kwargs = self.build(rng)
+        if self.error is not None:
+            return Call(self.name, self.function, self.module, kwargs, expect_error=self.error[0])
+        wrt = tuple(
+            name for name, leaf in flatten(kwargs).items()
+            if isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f"
+        )
+        cotangents = {}
+        if wrt:
+            from .invoke import numpy_forward
+
+            outputs = numpy_forward(self.function, kwargs)
+            cotangents = {n: rng.standard_normal(outputs[n].shape) for n in output_names(self.function)}
+        return Call(self.name, self.function, self.module, kwargs, wrt, cotangents)
+
+
+CASES: list[Case] = []
+
+
+def _case(name, function, build, **kw):
+    CASES.append(Case(name, function, build, **kw))
+
+
+# --------------------------------------------------------------------------
+# drawing helpers (plain numpy: the cases never depend on numpy_ref's masks)
+
+
+def _normal(rng, *shape, scale=1.0):
+    return rng.standard_normal(shape) * scale
+
+
+def _keep(rng, shape, p):
+    return rng.random(shape) >= p  # bool keep-mask, exact shape
+
+
+def _pad(lengths, Lk):
+    return (np.arange(Lk) < np.asarray(lengths)[:, None])[:, None, None, :]  # (B, 1, 1, Lk)
+
+
+def _causal(Lq, Lk):
+    return np.tril(np.ones((Lq, Lk), dtype=bool))  # (Lq, Lk)
+
+
+def _attn_mask(rng, kind, B, H, Lq, Lk):
+    """A mask of the named kind broadcastable to ``(B, H, Lq, Lk)``.
+
+    ``fully-masked``: batch 0 has no key at all (every row masked) and one
+    query row of batch 1 is masked too, on top of a causal mask.
+    """
+    if kind == "none":
+        return None
+    if kind == "padding":
+        return _pad([Lk - 3, Lk], Lk)
+    if kind == "causal":
+        return _causal(Lq, Lk)
+    if kind == "padding+causal":
+        return _pad([Lk - 3, Lk], Lk) & _causal(Lq, Lk)  # (B, 1, Lq, Lk)
+    if kind == "random":
+        m = rng.random((B, H, Lq, Lk)) < 0.7
+        m[..., 0] = True  # no row fully masked by chance
+        return m
+    if kind == "fully-masked":
+        m = _pad([0, Lk - 2], Lk) & _causal(Lq, Lk)  # (B, 1, Lq, Lk)
+        m[1, :, Lq // 2, :] = False
+        return m
+    raise ValueError(kind)
+
+
+def _with_gap(draw, scores_of, gap=25.0):
+    """Redraw until the two largest scores of every row differ by ``gap``.
+
+    Scores ~1e4 are meant to overflow a naive softmax, not to be
+    ill-conditioned: with a near-tie the float32 rounding of the scores
+    (~1e-3) would move the weights by more than any tolerance.
+    """
+    for _ in range(100):
+        kwargs = draw()
+        top2 = np.sort(scores_of(kwargs), axis=-1)[..., -2:]
+        if np.min(top2[..., 1] - top2[..., 0]) > gap:
+            return kwargs
+    raise RuntimeError("no well-separated draw")
+
+
+def _mha_params(rng, D):
+    s = 1.0 / np.sqrt(D)
+    return {
+        "w_q": _normal(rng, D, D, scale=s), "b_q": _normal(rng, D, scale=0.1),
+        "w_k": _normal(rng, D, D, scale=s), "b_k": _normal(rng, D, scale=0.1),
+        "w_v": _normal(rng, D, D, scale=s), "b_v": _normal(rng, D, scale=0.1),
+        "w_o": _normal(rng, D, D, scale=s), "b_o": _normal(rng, D, scale=0.1),
+    }
+
+
+def _ffn_params(rng, D, F):
+    return {
+        "w_1": _normal(rng, D, F, scale=1 / np.sqrt(D)), "b_1": _normal(rng, F, scale=0.1),
+        "w_2": _normal(rng, F, D, scale=1 / np.sqrt(F)), "b_2": _normal(rng, D, scale=0.1),
+    }
+
+
+def _ln_params(rng, D):
+    return {"gamma": 1.0 + _normal(rng, D, scale=0.1), "beta": _normal(rng, D, scale=0.1)}
+
+
+def _layer_params(rng, D, F):
+    return {
+        "self_attn": _mha_params(rng, D),
+        "ffn": _ffn_params(rng, D, F),
+        "norm1": _ln_params(rng, D),
+        "norm2": _ln_params(rng, D),
+    }
+
+
+# --------------------------------------------------------------------------
+# masks (forward only: no float inputs)
+
+_case("masks/padding/lengths", "padding_mask",
+      lambda r: {"lengths": np.array([3, 7]), "max_len": None})
+_case("masks/padding/lengths+max_len", "padding_mask",
+      lambda r: {"lengths": np.array([3, 5]), "max_len": 7})
+_case("masks/padding/zero-length", "padding_mask",
+      lambda r: {"lengths": np.array([0, 4]), "max_len": 6}, note="a fully masked batch row")
+_case("masks/padding/tokens", "padding_mask",
+      lambda r: {"tokens": np.array([[5, 2, 9, 0, 0, 0, 0], [4, 4, 1, 8, 3, 6, 0]]), "pad_id": 0})
+_case("masks/padding/tokens+pad_id", "padding_mask",
+      lambda r: {"tokens": np.array([[5, 2, 1, 1, 1], [1, 4, 1, 8, 3]]), "pad_id": 1},
+      note="pad id inside the sequence masks that key too")
+_case("masks/causal/square", "causal_mask", lambda r: {"Lq": 5, "Lk": None})
+_case("masks/causal/wide", "causal_mask", lambda r: {"Lq": 5, "Lk": 7}, note="Lk > Lq, top-left")
+_case("masks/causal/tall", "causal_mask", lambda r: {"Lq": 7, "Lk": 5}, note="Lq > Lk, top-left")
+_case("masks/causal/length1", "causal_mask", lambda r: {"Lq": 1, "Lk": None})
+_case("masks/combine/padding+causal", "combine_masks",
+      lambda r: {"masks": [_pad([3, 7], 7), _causal(5, 7)]})
+_case("masks/combine/with-none", "combine_masks",
+      lambda r: {"masks": [None, _causal(5, 7), None, _pad([2, 6], 7)]})
+_case("masks/combine/three", "combine_masks",
+      lambda r: {"masks": [_pad([3, 7], 7), _causal(5, 7), r.random((2, 3, 5, 7)) < 0.6]})
+_case("masks/mask_to_bias/padding+causal", "mask_to_bias",
+      lambda r: {"mask": _pad([0, 6], 7) & _causal(5, 7), "dtype": "float64"})
+
+# --------------------------------------------------------------------------
+# positional
+
+_case("positional/sinusoidal/even", "sinusoidal_encoding",
+      lambda r: {"max_len": 9, "d_model": 12, "dtype": "float64"})
+_case("positional/sinusoidal/odd-d", "sinusoidal_encoding",
+      lambda r: {"max_len": 9, "d_model": 11, "dtype": "float64"}, note="odd D drops the last cos")
+_case("positional/sinusoidal/d1", "sinusoidal_encoding",
+      lambda r: {"max_len": 6, "d_model": 1, "dtype": "float64"})
+_case("positional/sinusoidal/long", "sinusoidal_encoding",
+      lambda r: {"max_len": 64, "d_model": 10, "dtype": "float64"}, note="angles up to 63 rad")
+_case("positional/add/sinusoidal-table", "add_positional_encoding",
+      lambda r: {"x": _normal(r, 2, 5, 12), "table": np.array(
+          [[np.sin(p / 10000 ** (2 * (i // 2) / 12) + (np.pi / 2) * (i % 2)) for i in range(12)]
+           for p in range(9)])})
+_case("positional/add/learned", "add_positional_encoding",
+      lambda r: {"x": _normal(r, 2, 5, 12), "table": _normal(r, 9, 12, scale=0.02)})
+_case("positional/add/full-length", "add_positional_encoding",
+      lambda r: {"x": _normal(r, 2, 9, 12), "table": _normal(r, 9, 12)})
+_case("positional/add/length1", "add_positional_encoding",
+      lambda r: {"x": _normal(r, 3, 1, 4), "table": _normal(r, 6, 4)})
+
+# --------------------------------------------------------------------------
+# softmax
+
+
+def _softmax(r, mask="none", axis=-1, scale=1.0, neg_inf=False):
+    B, H, Lq, Lk = 2, 3, 5, 7
+    x = _normal(r, B, H, Lq, Lk, scale=scale)
+    if neg_inf:
+        x[0, 1, 2, [1, 4]] = -np.inf  # some -inf entries
+        x[1, 0, 3, :] = -np.inf  # a whole -inf row
+    return {"x": x, "axis": axis, "mask": _attn_mask(r, mask, B, H, Lq, Lk)}
+
+
+for _m in ("none", "padding", "causal", "random", "fully-masked"):
+    _case(f"softmax/{_m}", "softmax", partial(_softmax, mask=_m))
+_case("softmax/axis-2", "softmax", partial(_softmax, axis=-2))
+_case("softmax/large-scores", "softmax",
+      lambda r: _with_gap(lambda: _softmax(r, scale=1e4), lambda kw: kw["x"]),
+      note="|x| ~ 1e4 overflows exp without the max shift")
+_case("softmax/neg-inf", "softmax", partial(_softmax, neg_inf=True),
+      note="-inf entries act as masked; an all -inf row gives 0")
+_case("softmax/length1", "softmax", lambda r: {"x": _normal(r, 2, 3, 5, 1), "axis": -1, "mask": None})
+
+# --------------------------------------------------------------------------
+# scaled dot-product attention: B=2, H=3, Lq=5, Lk=7, Dk=4, Dv=6
+
+
+def _sdpa(r, Lq=5, Lk=7, mask="none", bias=None, scale=None, dropout_p=0.0, rank=4, qk_scale=1.0):
+    B, H, Dk, Dv = 2, 3, 4, 6
+    batch = (B, H) if rank == 4 else (B,)
+    kw = {
+        "q": _normal(r, *batch, Lq, Dk, scale=qk_scale),
+        "k": _normal(r, *batch, Lk, Dk, scale=qk_scale),
+        "v": _normal(r, *batch, Lk, Dv),
+    }
+    m = _attn_mask(r, mask, B, H, Lq, Lk)
+    if rank == 3 and m is not None and m.ndim == 4:
+        m = m[:, 0]  # (B, Lq or 1, Lk)
+    b = None
+    if bias == "full":
+        b = _normal(r, *batch, Lq, Lk)
+    elif bias == "broadcast":
+        b = _normal(r, 1, H, Lq, 1)  # summed over B and Lk in the gradient
+    elif bias == "mask_to_bias":
+        b = np.where(_attn_mask(r, "fully-masked", B, H, Lq, Lk), 0.0, -np.inf)
+        b = b + _normal(r, B, H, Lq, Lk)  # finite entries carry a gradient
+    keep = _keep(r, (*batch, Lq, Lk), dropout_p) if dropout_p else None
+    return {**kw, "mask": m, "bias": b, "scale": scale, "dropout_p": dropout_p, "dropout_mask": keep}
+
+
+def _sdpa_scores(kw):
+    return kw["q"] @ np.swapaxes(kw["k"], -1, -2) / np.sqrt(kw["q"].shape[-1])
+
+
+_SDPA = "scaled_dot_product_attention"
+for _m in ("none", "padding", "causal", "padding+causal", "random", "fully-masked"):
+    _case(f"sdpa/cross/{_m}", _SDPA, partial(_sdpa, mask=_m))
+_case("sdpa/self/causal", _SDPA, partial(_sdpa, Lk=5, mask="causal"))
+_case("sdpa/cross/bias", _SDPA, partial(_sdpa, bias="full"))
+_case("sdpa/cross/bias-broadcast", _SDPA, partial(_sdpa, bias="broadcast", mask="padding"),
+      note="bias (1, H, Lq, 1): its gradient sums the broadcast axes")
+_case("sdpa/cross/mask_to_bias", _SDPA, partial(_sdpa, bias="mask_to_bias"),
+      note="-inf bias entries act as masked, fully masked rows included")
+_case("sdpa/cross/bias+padding+causal", _SDPA, partial(_sdpa, bias="full", mask="padding+causal"))
+_case("sdpa/cross/scale", _SDPA, partial(_sdpa, scale=0.3, mask="padding"))
+_case("sdpa/cross/large-scores", _SDPA,
+      lambda r: _with_gap(lambda: _sdpa(r, qk_scale=100.0, mask="causal"), _sdpa_scores),
+      note="scores ~1e4 overflow a naive softmax")
+_case("sdpa/cross/dropout", _SDPA, partial(_sdpa, dropout_p=0.25))
+_case("sdpa/cross/dropout+padding+causal", _SDPA, partial(_sdpa, dropout_p=0.4, mask="padding+causal"))
+_case("sdpa/rank3/cross/padding", _SDPA, partial(_sdpa, rank=3, mask="padding"))
+_case("sdpa/rank3/self/causal+bias", _SDPA, partial(_sdpa, rank=3, Lk=5, mask="causal", bias="full"))
+_case("sdpa/length1/query", _SDPA, partial(_sdpa, Lq=1, mask="padding"))
+_case("sdpa/length1/key", _SDPA, partial(_sdpa, Lk=1))
+
+# --------------------------------------------------------------------------
+# additive attention: B=2, Lq=3, Lk=7, Dq=5, Dk=6, A=4
+
+
+def _additive(r, Lq=3, mask="none", v_scale=1.0):
+    B, Lk, Dq, Dk, A = 2, 7, 5, 6, 4
+    params = {
+        "w_1": _normal(r, Dk, A, scale=1 / np.sqrt(Dk)),
+        "w_2": _normal(r, Dq, A, scale=1 / np.sqrt(Dq)),
+        "v": _normal(r, A, scale=v_scale),
+    }
+    if mask == "3d":
+        m = r.random((B, Lq, Lk)) < 0.7
+        m[..., 0] = True
+    else:
+        m = _attn_mask(r, mask, B, 1, Lq, Lk)
+    return {"query": _normal(r, B, Lq, Dq), "keys": _normal(r, B, Lk, Dk), "params": params, "mask": m}
+
+
+def _additive_scores(kw):
+    p = kw["params"]
+    h = np.tanh((kw["keys"] @ p["w_1"])[:, None, :, :] + (kw["query"] @ p["w_2"])[:, :, None, :])
+    return h @ p["v"]  # (B, Lq, Lk)
+
+
+for _m in ("none", "padding", "3d", "causal", "padding+causal", "fully-masked"):
+    _case(f"additive/cross/{_m}", "additive_attention", partial(_additive, mask=_m),
+          note="4-D padding mask (B, 1, 1, Lk) accepted" if _m == "padding" else "")
+_case("additive/length1/query", "additive_attention", partial(_additive, Lq=1, mask="padding"),
+      note="one decoder step, as in Bahdanau")
+_case("additive/large-scores", "additive_attention",
+      lambda r: _with_gap(lambda: _additive(r, v_scale=1e4), _additive_scores),
+      note="scores ~1e4 overflow a naive softmax")
+
+# --------------------------------------------------------------------------
+# multi-head attention: B=2, H=3, Lq=5, Lk=7, D=12 (Dh=4)
+
+
+def _mha(r, Lq=5, Lk=7, self_attn=False, mask="none", bias=None, dropout_p=0.0, H=3, qk_scale=1.0):
+    B, D = 2, 12
+    params = _mha_params(r, D)
+    params["w_q"] *= qk_scale
+    params["w_k"] *= qk_scale
+    query = _normal(r, B, Lq, D)
+    if self_attn:
+        Lk = Lq
+        key, value = query.copy(), query.copy()
+    else:
+        key, value = _normal(r, B, Lk, D), _normal(r, B, Lk, D)
+    b = None
+    if bias == "full":
+        b = _normal(r, B, H, Lq, Lk)
+    elif bias == "mask_to_bias":
+        b = np.where(_attn_mask(r, "fully-masked", B, H, Lq, Lk), 0.0, -np.inf)  # (B, 1, Lq, Lk)
+    keep = _keep(r, (B, H, Lq, Lk), dropout_p) if dropout_p else None
+    return {
+        "query": query, "key": key, "value": value, "params": params, "num_heads": H,
+        "mask": _attn_mask(r, mask, B, H, Lq, Lk), "bias": b,
+        "dropout_p": dropout_p, "dropout_mask": keep,
+    }
+
+
+def _mha_scores(kw):
+    p, H = kw["params"], kw["num_heads"]
+    B, Lq, D = kw["query"].shape
+    q = (kw["query"] @ p["w_q"] + p["b_q"]).reshape(B, Lq, H, -1).swapaxes(1, 2)
+    k = (kw["key"] @ p["w_k"] + p["b_k"]).reshape(B, kw["key"].shape[1], H, -1).swapaxes(1, 2)
+    return q @ k.swapaxes(-1, -2) / np.sqrt(D // H)
+
+
+_MHA = "multi_head_attention"
+for _m in ("none", "padding", "causal", "padding+causal"):
+    _case(f"mha/self/{_m}", _MHA, partial(_mha, self_attn=True, mask=_m),
+          note="query, key, value equal but passed (and differentiated) separately")
+for _m in ("none", "padding", "causal", "padding+causal", "random", "fully-masked"):
+    _case(f"mha/cross/{_m}", _MHA, partial(_mha, mask=_m))
+_case("mha/cross/bias", _MHA, partial(_mha, bias="full", mask="padding"))
+_case("mha/cross/mask_to_bias", _MHA, partial(_mha, bias="mask_to_bias"),
+      note="bias = mask_to_bias(fully-masked mask): must equal mask=")
+_case("mha/cross/dropout", _MHA, partial(_mha, dropout_p=0.3, mask="padding+causal"))
+_case("mha/cross/large-scores", _MHA,
+      lambda r: _with_gap(lambda: _mha(r, qk_scale=25.0), _mha_scores),
+      note="projected scores ~1e4")
+_case("mha/self/length1", _MHA, partial(_mha, Lq=1, self_attn=True))
+_case("mha/cross/one-head", _MHA, partial(_mha, H=1, mask="causal"))
+_case("mha/cross/twelve-heads", _MHA, partial(_mha, H=12, mask="padding"), note="Dh = 1")
+
+# --------------------------------------------------------------------------
+# layers: linear (B=2, L=5, D_in=6, D_out=9), layer norm / feed-forward (D=12, F=20)
+
+_case("linear/bias", "linear",
+      lambda r: {"x": _normal(r, 2, 5, 6), "w": _normal(r, 6, 9), "b": _normal(r, 9)})
+_case("linear/no-bias", "linear", lambda r: {"x": _normal(r, 2, 5, 6), "w": _normal(r, 6, 9), "b": None})
+_case("linear/rank2", "linear", lambda r: {"x": _normal(r, 5, 6), "w": _normal(r, 6, 9), "b": _normal(r, 9)})
+_case("linear/rank4", "linear",
+      lambda r: {"x": _normal(r, 2, 3, 5, 6), "w": _normal(r, 6, 9), "b": _normal(r, 9)})
+
+_case("layer_norm/default", "layer_norm",
+      lambda r: {"x": _normal(r, 2, 5, 12, scale=3.0) + 1.5, "params": _ln_params(r, 12), "eps": 1e-5})
+_case("layer_norm/eps", "layer_norm",
+      lambda r: {"x": _normal(r, 2, 5, 12), "params": _ln_params(r, 12), "eps": 0.1})
+_case("layer_norm/rank2", "layer_norm",
+      lambda r: {"x": _normal(r, 5, 12), "params": _ln_params(r, 12), "eps": 1e-5})
+_case("layer_norm/d1", "layer_norm",
+      lambda r: {"x": _normal(r, 2, 5, 1), "params": _ln_params(r, 1), "eps": 1e-5},
+      note="D=1: every row is constant, out = beta")
+
+
+def _ffn(r, activation="relu", dropout_p=0.0, shape=(2, 5)):
+    D, F = 12, 20
+    return {
+        "x": _normal(r, *shape, D), "params": _ffn_params(r, D, F), "activation": activation,
+        "dropout_p": dropout_p, "dropout_mask": _keep(r, (*shape, F), dropout_p) if dropout_p else None,
+    }
+
+
+for _a in ("relu", "gelu"):
+    _case(f"feed_forward/{_a}", "feed_forward", partial(_ffn, activation=_a))
+    _case(f"feed_forward/{_a}/dropout", "feed_forward", partial(_ffn, activation=_a, dropout_p=0.2))
+_case("feed_forward/gelu/rank4", "feed_forward", partial(_ffn, activation="gelu", shape=(2, 3, 5)))
+
+_case("dropout/p0.25", "dropout",
+      lambda r: {"x": _normal(r, 2, 5, 12), "p": 0.25, "mask": _keep(r, (2, 5, 12), 0.25)})
+_case("dropout/p0.9", "dropout",
+      lambda r: {"x": _normal(r, 2, 3, 5, 7), "p": 0.9, "mask": _keep(r, (2, 3, 5, 7), 0.9)})
+_case("dropout/p0-identity", "dropout", lambda r: {"x": _normal(r, 2, 5, 12), "p": 0.0, "mask": None})
+
+# --------------------------------------------------------------------------
+# encoder: B=2, H=3, L=5, D=12, F=20
+
+
+def _dropout_masks(r, B, H, L, D, F, p):
+    return {
+        "attention": _keep(r, (B, H, L, L), p),
+        "ffn": _keep(r, (B, L, F), p),
+        "residual_attn": _keep(r, (B, L, D), p),
+        "residual_ffn": _keep(r, (B, L, D), p),
+    }
+
+
+def _encoder_layer(r, norm_first=False, activation="relu", mask="none", dropout_p=0.0, eps=1e-5):
+    B, H, L, D, F = 2, 3, 5, 12, 20
+    return {
+        "x": _normal(r, B, L, D), "params": _layer_params(r, D, F), "num_heads": H,
+        "mask": _attn_mask(r, mask, B, H, L, L), "norm_first": norm_first,
+        "activation": activation, "eps": eps, "dropout_p": dropout_p,
+        "dropout_masks": _dropout_masks(r, B, H, L, D, F, dropout_p) if dropout_p else None,
+    }
+
+
+for _nf, _norm in ((False, "post"), (True, "pre")):
+    for _a in ("relu", "gelu"):
+        _case(f"encoder_layer/{_norm}/{_a}", "encoder_layer",
+              partial(_encoder_layer, norm_first=_nf, activation=_a, mask="padding"))
+    _case(f"encoder_layer/{_norm}/causal", "encoder_layer", partial(_encoder_layer, norm_first=_nf, mask="causal"))
+    _case(f"encoder_layer/{_norm}/dropout", "encoder_layer",
+          partial(_encoder_layer, norm_first=_nf, mask="padding+causal", dropout_p=0.2),
+          note="explicit keep-masks at all four sites")
+_case("encoder_layer/post/no-mask", "encoder_layer", partial(_encoder_layer, activation="gelu"))
+_case("encoder_layer/post/fully-masked", "encoder_layer", partial(_encoder_layer, mask="fully-masked"),
+      note="a fully masked query row gets attention output 0, then b_o")
+_case("encoder_layer/pre/eps", "encoder_layer", partial(_encoder_layer, norm_first=True, eps=0.01))
+
+
+def _encoder(r, num_layers=2, final_norm=True, norm_first=False, activation="relu", mask="padding",
+             dropout_p=0.0):
+    B, H, L, D, F = 2, 3, 5, 12, 20
+    params = {"layers": [_layer_params(r, D, F) for _ in range(num_layers)]}
+    if final_norm:
+        params["norm"] = _ln_params(r, D)
+    masks = [_dropout_masks(r, B, H, L, D, F, dropout_p) for _ in range(num_layers)] if dropout_p else None
+    return {
+        "x": _normal(r, B, L, D), "params": params, "num_heads": H,
+        "mask": _attn_mask(r, mask, B, H, L, L), "norm_first": norm_first,
+        "activation": activation, "eps": 1e-5, "dropout_p": dropout_p, "dropout_masks": masks,
+    }
+
+
+_deep = {"tolerance": "deep"}
+_case("encoder/post/final-norm", "encoder", partial(_encoder), **_deep)
+_case("encoder/post/no-final-norm", "encoder", partial(_encoder, final_norm=False), **_deep)
+_case("encoder/pre/final-norm", "encoder", partial(_encoder, norm_first=True), **_deep)
+_case("encoder/pre/no-final-norm/gelu/padding+causal", "encoder",
+      partial(_encoder, norm_first=True, final_norm=False, activation="gelu", mask="padding+causal"), **_deep)
+_case("encoder/post/dropout", "encoder", partial(_encoder, dropout_p=0.2, mask="causal"), **_deep)
+_case("encoder/pre/three-layers", "encoder", partial(_encoder, num_layers=3, norm_first=True), **_deep)
+_case("encoder/post/one-layer", "encoder", partial(_encoder, num_layers=1, final_norm=False))
+
+# --------------------------------------------------------------------------
+# error cases: (exception type, argument the message starts with)
+
+
+def _err(name, function, exc, arg, build, note=""):
+    _case(f"{component(name)}/error/{name.split('/', 1)[1]}", function, build, error=(exc, arg), note=note)
+
+
+def _sdpa_bad(**change):
+    def build(r):
+        kw = _sdpa(r, mask="padding")
+        for key, fn in change.items():
+            kw[key] = fn(kw, r)
+        return kw
+    return build
+
+
+_err("masks/padding-lengths-and-tokens", "padding_mask", "ValueError", "lengths",
+     lambda r: {"lengths": np.array([2, 3]), "tokens": np.ones((2, 3), dtype=np.int64)})
+_err("masks/padding-length-over-max", "padding_mask", "ValueError", "lengths",
+     lambda r: {"lengths": np.array([2, 9]), "max_len": 7})
+_err("masks/padding-negative-length", "padding_mask", "ValueError", "lengths",
+     lambda r: {"lengths": np.array([-1, 3]), "max_len": 7})
+_err("masks/padding-float-lengths", "padding_mask", "TypeError", "lengths",
+     lambda r: {"lengths": np.array([2.0, 3.0]), "max_len": 7})
+_err("masks/combine-float-mask", "combine_masks", "TypeError", "masks",
+     lambda r: {"masks": [_causal(5, 7), np.ones((5, 7))]})
+_err("masks/combine-incompatible", "combine_masks", "ValueError", "masks",
+     lambda r: {"masks": [_causal(5, 7), _causal(5, 6)]})
+_err("masks/mask_to_bias-float-mask", "mask_to_bias", "TypeError", "mask",
+     lambda r: {"mask": np.ones((5, 7)), "dtype": "float64"})
+_err("positional/add-too-long", "add_positional_encoding", "ValueError", "x",
+     lambda r: {"x": _normal(r, 2, 10, 12), "table": _normal(r, 9, 12)})
+_err("positional/add-width", "add_positional_encoding", "ValueError", "table",
+     lambda r: {"x": _normal(r, 2, 5, 12), "table": _normal(r, 9, 11)})
+_err("softmax/int-x", "softmax", "TypeError", "x",
+     lambda r: {"x": np.ones((2, 3, 5, 7), dtype=np.int64), "axis": -1, "mask": None})
+_err("softmax/mask-shape", "softmax", "ValueError", "mask",
+     lambda r: {"x": _normal(r, 2, 3, 5, 7), "axis": -1, "mask": np.ones((5, 6), dtype=bool)})
+_err("softmax/float-mask", "softmax", "TypeError", "mask",
+     lambda r: {"x": _normal(r, 2, 3, 5, 7), "axis": -1, "mask": np.ones((5, 7))})
+_err("sdpa/q-rank2", _SDPA, "ValueError", "q", _sdpa_bad(q=lambda kw, r: _normal(r, 5, 4)))
+_err("sdpa/k-width", _SDPA, "ValueError", "k", _sdpa_bad(k=lambda kw, r: _normal(r, 2, 3, 7, 5)))
+_err("sdpa/v-length", _SDPA, "ValueError", "v", _sdpa_bad(v=lambda kw, r: _normal(r, 2, 3, 8, 6)))
+_err("sdpa/k-batch", _SDPA, "ValueError", "k", _sdpa_bad(k=lambda kw, r: _normal(r, 2, 4, 7, 4)))
+_err("sdpa/int-q", _SDPA, "TypeError", "q", _sdpa_bad(q=lambda kw, r: np.ones((2, 3, 5, 4), dtype=np.int64)))
+_err("sdpa/mixed-dtype", _SDPA, "TypeError", "k", _sdpa_bad(k=lambda kw, r: kw["k"].astype(np.float32)),
+     note="no silent promotion")
+_err("sdpa/float-mask", _SDPA, "TypeError", "mask", _sdpa_bad(mask=lambda kw, r: kw["mask"].astype(np.float64)))
+_err("sdpa/mask-shape", _SDPA, "ValueError", "mask", _sdpa_bad(mask=lambda kw, r: np.ones((2, 1, 1, 6), dtype=bool)))
+_err("sdpa/mask-rank5", _SDPA, "ValueError", "mask",
+     _sdpa_bad(mask=lambda kw, r: np.ones((1, 2, 3, 5, 7), dtype=bool)))
+_err("sdpa/bias-shape", _SDPA, "ValueError", "bias", _sdpa_bad(bias=lambda kw, r: _normal(r, 2, 3, 7, 5)))
+_err("sdpa/dropout-p1", _SDPA, "ValueError", "dropout_p", _sdpa_bad(dropout_p=lambda kw, r: 1.0))
+_err("sdpa/dropout-mask-shape", _SDPA, "ValueError", "dropout_mask",
+     _sdpa_bad(dropout_p=lambda kw, r: 0.5, dropout_mask=lambda kw, r: np.ones((2, 3, 5, 6), dtype=bool)))
+_err("sdpa/dropout-mask-float", _SDPA, "TypeError", "dropout_mask",
+     _sdpa_bad(dropout_p=lambda kw, r: 0.5, dropout_mask=lambda kw, r: np.ones((2, 3, 5, 7))))
+
+
+def _mha_bad(**change):
+    def build(r):
+        kw = _mha(r, mask="padding")
+        for key, fn in change.items():
+            kw[key] = fn(kw, r)
+        return kw
+    return build
+
+
+_err("mha/num_heads-indivisible", _MHA, "ValueError", "num_heads", _mha_bad(num_heads=lambda kw, r: 5))
+_err("mha/missing-param", _MHA, "ValueError", "params",
+     _mha_bad(params=lambda kw, r: {k: v for k, v in kw["params"].items() if k != "b_v"}))
+_err("mha/w_q-shape", _MHA, "ValueError", "params.w_q",
+     _mha_bad(params=lambda kw, r: {**kw["params"], "w_q": _normal(r, 12, 10)}))
+_err("mha/query-rank", _MHA, "ValueError", "query", _mha_bad(query=lambda kw, r: _normal(r, 5, 12)))
+_err("mha/key-width", _MHA, "ValueError", "key", _mha_bad(key=lambda kw, r: _normal(r, 2, 7, 10)))
+_err("mha/value-length", _MHA, "ValueError", "value", _mha_bad(value=lambda kw, r: _normal(r, 2, 6, 12)))
+_err("mha/int-query", _MHA, "TypeError", "query",
+     _mha_bad(query=lambda kw, r: np.ones((2, 5, 12), dtype=np.int64)))
+_err("mha/mask-shape", _MHA, "ValueError", "mask", _mha_bad(mask=lambda kw, r: np.ones((2, 1, 5, 5), dtype=bool)))
+_err("additive/keys-rank", "additive_attention", "ValueError", "keys",
+     lambda r: {**_additive(r), "keys": _normal(r, 7, 6)})
+_err("additive/keys-batch", "additive_attention", "ValueError", "keys",
+     lambda r: {**_additive(r), "keys": _normal(r, 3, 7, 6)})
+_err("additive/missing-v", "additive_attention", "ValueError", "params",
+     lambda r: {**_additive(r), "params": {"w_1": _normal(r, 6, 4), "w_2": _normal(r, 5, 4)}})
+_err("linear/w-shape", "linear", "ValueError", "x",
+     lambda r: {"x": _normal(r, 2, 5, 6), "w": _normal(r, 7, 9), "b": None}, note="D_in mismatch")
+_err("linear/b-shape", "linear", "ValueError", "b",
+     lambda r: {"x": _normal(r, 2, 5, 6), "w": _normal(r, 6, 9), "b": _normal(r, 6)})
+_err("linear/int-x", "linear", "TypeError", "x",
+     lambda r: {"x": np.ones((2, 5, 6), dtype=np.int64), "w": _normal(r, 6, 9), "b": None})
+_err("layer_norm/gamma-shape", "layer_norm", "ValueError", "params.gamma",
+     lambda r: {"x": _normal(r, 2, 5, 12), "params": {"gamma": _normal(r, 11), "beta": _normal(r, 12)}})
+_err("layer_norm/missing-beta", "layer_norm", "ValueError", "params",
+     lambda r: {"x": _normal(r, 2, 5, 12), "params": {"gamma": _normal(r, 12)}})
+_err("feed_forward/activation", "feed_forward", "ValueError", "activation",
+     lambda r: _ffn(r, activation="tanh"))
+_err("feed_forward/dropout-mask-shape", "feed_forward", "ValueError", "dropout_mask",
+     lambda r: {**_ffn(r, dropout_p=0.2), "dropout_mask": np.ones((2, 5, 12), dtype=bool)})
+_err("dropout/p1", "dropout", "ValueError", "p",
+     lambda r: {"x": _normal(r, 2, 5, 12), "p": 1.0, "mask": None})
+_err("dropout/mask-shape", "dropout", "ValueError", "mask",
+     lambda r: {"x": _normal(r, 2, 5, 12), "p": 0.5, "mask": np.ones((2, 5, 11), dtype=bool)})
+_err("dropout/float-mask", "dropout", "TypeError", "mask",
+     lambda r: {"x": _normal(r, 2, 5, 12), "p": 0.5, "mask": np.ones((2, 5, 12))})
+_err("encoder_layer/activation", "encoder_layer", "ValueError", "activation",
+     lambda r: {**_encoder_layer(r), "activation": "swish"})
+_err("encoder_layer/num_heads-indivisible", "encoder_layer", "ValueError", "num_heads",
+     lambda r: {**_encoder_layer(r), "num_heads": 5})
+_err("encoder_layer/x-rank", "encoder_layer", "ValueError", "x",
+     lambda r: {**_encoder_layer(r), "x": _normal(r, 5, 12)})
+_err("encoder/x-rank", "encoder", "ValueError", "x", lambda r: {**_encoder(r), "x": _normal(r, 5, 12)})
+_err("encoder/dropout-p1", "encoder", "ValueError", "dropout_p",
+     lambda r: {**_encoder(r), "dropout_p": 1.0})
+
+CASES_BY_NAME = {c.name: c for c in CASES}
+assert len(CASES_BY_NAME) == len(CASES), "duplicate case names"
+
+
+def cases(error: bool | None = None) -> list[Case]:
+    """All cases, or only the error (``True``) / value (``False``) cases."""
+    return [c for c in CASES if error is None or (c.error is not None) == error]
