@@ -1,0 +1,366 @@
+"""One runner per implementation: a zero-argument call that blocks until its
+result is ready, plus how to measure its peak memory.
+
+Memory is the peak of bytes allocated during one call above what was live
+before it (inputs excluded, outputs and saved activations included):
+
+- numpy: ``tracemalloc`` (numpy reports its buffers to it).
+- torch on CUDA: ``torch.cuda.max_memory_allocated`` after a reset.
+- torch on CPU: ``tracemalloc`` cannot see torch's allocator, so the
+  allocation events of ``torch.profiler`` (``profile_memory=True``) are
+  summed in time order and their running maximum taken.
+- JAX: the compiled program's ``memory_analysis()`` (temp + output bytes),
+  which XLA knows on every device; ``memory_stats()`` exists only on GPU/TPU
+  and its peak cannot be reset between cases.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import os
+import time
+import tracemalloc
+from typing import Callable
+
+import numpy as np
+
+
+class Skip(Exception):
+    """This implementation cannot run here; the message says why."""
+
+
+@dataclasses.dataclass
+class Problem:
+    """Everything a runner needs: the operation, its inputs and the target."""
+
+    op: str
+    shape: object  # bench_cases.Shape
+    dtype: str  # "float32" | "bfloat16"
+    inputs: dict  # numpy float32, see bench_cases.make_inputs
+    torch_device: str = "cpu"
+    jax_device: object = None  # a jax.Device, None = JAX's default
+    matmul_precision: str = "highest"
+    skip_numpy_backward: str | None = None  # a reason, or None to run it
+
+
+@dataclasses.dataclass
+class Runner:
+    call: Callable[[], object]
+    memory: Callable[[], tuple]  # () -> (peak bytes or None, method)
+    compile_s: float | None = None
+
+
+def _module(name):
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        raise Skip(f"{name} is not importable ({err})") from None
+
+
+def _function(module, name):
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise Skip(f"{module.__name__}.{name} does not exist yet")
+    return fn
+
+
+FORWARD_NAMES = {
+    "sdpa": "scaled_dot_product_attention",
+    "mha": "multi_head_attention",
+    "encoder_layer": "encoder_layer",
+}
+
+
+# --------------------------------------------------------------------------
+# numpy
+# --------------------------------------------------------------------------
+
+
+def numpy_ref(problem: Problem, mode: str) -> Runner:
+    if problem.dtype != "float32":
+        raise Skip(f"numpy has no {problem.dtype}")
+    if mode != "forward" and problem.skip_numpy_backward:
+        raise Skip(problem.skip_numpy_backward)
+    name = FORWARD_NAMES[problem.op]
+    fn = _function(_module("numpy_ref"), name if mode == "forward" else name + "_backward")
+    args = _numpy_args(problem)
+    if mode != "forward":
+        args = (problem.inputs["d_out"], *args)
+    call = lambda: fn(*args)  # noqa: E731
+    return Runner(call, lambda: _tracemalloc_peak(call))
+
+
+def _numpy_args(problem):
+    x, H = problem.inputs.get("x"), problem.shape.H
+    if problem.op == "sdpa":
+        return tuple(problem.inputs[n] for n in "qkv")
+    if problem.op == "mha":
+        return (x, x, x, problem.inputs["params"], H)
+    return (x, problem.inputs["params"], H)
+
+
+def _tracemalloc_peak(call):
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        call()
+        return tracemalloc.get_traced_memory()[1] - before, "tracemalloc"
+    finally:
+        tracemalloc.stop()
+
+
+# --------------------------------------------------------------------------
+# torch
+# --------------------------------------------------------------------------
+
+
+def torch_impl(path):
+    """The mirror on its "math" path (``need_weights=True``) or its "fused"
+    one (``need_weights=False``, ``F.scaled_dot_product_attention``)."""
+
+    def prepare(problem: Problem, mode: str) -> Runner:
+        torch = _module("torch")
+        fn = _function(_module("torch_impl"), FORWARD_NAMES[problem.op])
+        grad = mode != "forward"
+        tensors = _torch_tree(torch, problem, {k: v for k, v in problem.inputs.items()
+                                               if k != "d_out"}, grad)
+        kwargs = {"need_weights": path == "math"}
+        H = problem.shape.H
+        if problem.op == "sdpa":
+            q, k, v = (tensors[n] for n in "qkv")
+            forward = lambda: fn(q, k, v, **kwargs)[0]  # noqa: E731
+        elif problem.op == "mha":
+            x, params = tensors["x"], tensors["params"]
+            forward = lambda: fn(x, x, x, params, H, **kwargs)[0]  # noqa: E731
+        else:
+            x, params = tensors["x"], tensors["params"]
+            forward = lambda: fn(x, params, H, **kwargs)  # noqa: E731
+        return _torch_runner(torch, problem, forward, _leaves(tensors), mode)
+
+    return prepare
+
+
+def torch_sdpa(problem: Problem, mode: str) -> Runner:
+    torch = _module("torch")
+    tensors = _torch_tree(torch, problem, {n: problem.inputs[n] for n in "qkv"},
+                          mode != "forward")
+    q, k, v = (tensors[n] for n in "qkv")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return _torch_runner(torch, problem, lambda: sdpa(q, k, v), [q, k, v], mode)
+
+
+def torch_mha(need_weights):
+    """``nn.MultiheadAttention`` with our weights; in ``eval()`` (dropout is 0
+    anyway) so that the forward under ``no_grad`` may take its fast path."""
+
+    def prepare(problem: Problem, mode: str) -> Runner:
+        torch = _module("torch")
+        s = problem.shape
+        module = torch.nn.MultiheadAttention(
+            s.D, s.H, dropout=0.0, batch_first=True,
+            device=problem.torch_device, dtype=_torch_dtype(torch, problem.dtype)).eval()
+        _load_torch_state(torch, module, "mha_params_to_torch", problem.inputs["params"])
+        x = _torch_tree(torch, problem, {"x": problem.inputs["x"]}, mode != "forward")["x"]
+        forward = lambda: module(x, x, x, need_weights=need_weights)[0]  # noqa: E731
+        return _torch_runner(torch, problem, forward, [x, *module.parameters()], mode)
+
+    return prepare
+
+
+def torch_encoder_layer(problem: Problem, mode: str) -> Runner:
+    torch = _module("torch")
+    s = problem.shape
+    module = torch.nn.TransformerEncoderLayer(
+        s.D, s.H, dim_feedforward=s.F, dropout=0.0, activation="relu",
+        layer_norm_eps=1e-5, batch_first=True, norm_first=False,
+        device=problem.torch_device, dtype=_torch_dtype(torch, problem.dtype)).eval()
+    _load_torch_state(torch, module, "encoder_layer_params_to_torch", problem.inputs["params"])
+    x = _torch_tree(torch, problem, {"x": problem.inputs["x"]}, mode != "forward")["x"]
+    return _torch_runner(torch, problem, lambda: module(x), [x, *module.parameters()], mode)
+
+
+def _torch_runner(torch, problem, forward, leaves, mode):
+    on_cuda = problem.torch_device != "cpu"
+    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
+    if mode == "forward":
+        def call():
+            with torch.no_grad():
+                out = forward()
+            sync()
+            return out
+    else:
+        d_out = _torch_tree(torch, problem, {"d_out": problem.inputs["d_out"]}, False)["d_out"]
+
+        def call():
+            grads = torch.autograd.grad(forward(), leaves, d_out)
+            sync()
+            return grads
+    memory = (lambda: _cuda_peak(torch, call)) if on_cuda else (lambda: _profiler_peak(torch, call))
+    return Runner(call, memory)
+
+
+def _torch_dtype(torch, dtype):
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+
+
+def _torch_tree(torch, problem, tree, requires_grad):
+    dtype = _torch_dtype(torch, problem.dtype)
+
+    def convert(a):
+        t = torch.as_tensor(a).to(device=problem.torch_device, dtype=dtype)
+        return t.requires_grad_(requires_grad)
+
+    return _map(tree, convert)
+
+
+def _map(tree, fn):
+    if isinstance(tree, dict):
+        return {k: _map(v, fn) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_map(v, fn) for v in tree]
+    return fn(tree)
+
+
+def _leaves(tree):
+    if isinstance(tree, dict):
+        return [leaf for v in tree.values() for leaf in _leaves(v)]
+    if isinstance(tree, list):
+        return [leaf for v in tree for leaf in _leaves(v)]
+    return [tree]
+
+
+def _load_torch_state(torch, module, converter, params):
+    """Same weights as the mirrors, through the project's own interop."""
+    to_torch = _function(_module("torch_impl.interop"), converter)
+    module.load_state_dict(to_torch(_map(params, torch.as_tensor)))
+
+
+def _cuda_peak(torch, call):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    call()
+    return torch.cuda.max_memory_allocated() - before, "torch.cuda.max_memory_allocated"
+
+
+def _profiler_peak(torch, call):
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        call()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()  # negative for frees
+        peak = max(peak, live)
+    return peak, "torch.profiler allocation events"
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The profiler's C++ side prints start/stop lines on fd 2; hide them."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+# --------------------------------------------------------------------------
+# jax
+# --------------------------------------------------------------------------
+
+
+def jax_impl(problem: Problem, mode: str) -> Runner:
+    fn = _function(_module("jax_impl"), FORWARD_NAMES[problem.op])
+    H = problem.shape.H
+    if problem.op == "sdpa":
+        names = ("q", "k", "v")
+        forward = lambda q, k, v: fn(q, k, v)[0]  # noqa: E731
+    elif problem.op == "mha":
+        names = ("x", "params")
+        forward = lambda x, params: fn(x, x, x, params, H)[0]  # noqa: E731
+    else:
+        names = ("x", "params")
+        forward = lambda x, params: fn(x, params, H)  # noqa: E731
+    return _jax_runner(problem, forward, {n: problem.inputs[n] for n in names}, mode)
+
+
+def jax_dpa(problem: Problem, mode: str) -> Runner:
+    jax = _module("jax")
+    # (B, H, L, Dh) -> (B, L, H, Dh), JAX's layout, outside the timed call
+    blhd = {n: problem.inputs[n].transpose(0, 2, 1, 3) for n in ("q", "k", "v", "d_out")}
+
+    def forward(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, implementation="xla")
+
+    return _jax_runner(problem, forward, {n: blhd[n] for n in "qkv"}, mode, blhd["d_out"])
+
+
+def jnp_reference(problem: Problem, mode: str) -> Runner:
+    """Plain jnp around ``jax.nn.dot_product_attention``: JAX has no MHA or
+    encoder-layer built-in, so this is what a JAX user would write."""
+    jax = _module("jax")
+    H = problem.shape.H
+
+    def mha(x, p):
+        B, L, D = x.shape
+
+        def heads(w, b):
+            return (x @ w + b).reshape(B, L, H, D // H)  # (B, L, H, Dh)
+
+        o = jax.nn.dot_product_attention(
+            heads(p["w_q"], p["b_q"]), heads(p["w_k"], p["b_k"]), heads(p["w_v"], p["b_v"]),
+            implementation="xla")  # (B, L, H, Dh)
+        return o.reshape(B, L, D) @ p["w_o"] + p["b_o"]  # (B, L, D)
+
+    def norm(x, p):
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return (x - mean) * jax.lax.rsqrt(var + 1e-5) * p["gamma"] + p["beta"]
+
+    def encoder_layer(x, p):
+        h = norm(x + mha(x, p["self_attn"]), p["norm1"])  # (B, L, D)
+        f = p["ffn"]
+        return norm(h + jax.nn.relu(h @ f["w_1"] + f["b_1"]) @ f["w_2"] + f["b_2"], p["norm2"])
+
+    forward = mha if problem.op == "mha" else encoder_layer
+    return _jax_runner(problem, forward, {n: problem.inputs[n] for n in ("x", "params")}, mode)
+
+
+def _jax_runner(problem, forward, inputs, mode, d_out=None):
+    """Compile ``forward`` (or its vjp) ahead of time and time the executable."""
+    jax = _module("jax")
+    import jax.numpy as jnp
+
+    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[problem.dtype]
+    device = problem.jax_device or jax.devices()[0]
+    put = lambda a: jax.device_put(np.asarray(a).astype(dtype), device)  # noqa: E731
+    args = [_map(inputs[n], put) for n in inputs]
+    if mode == "forward":
+        fn = forward
+    else:
+        args.append(put(problem.inputs["d_out"] if d_out is None else d_out))
+
+        def fn(*args_and_cotangent):
+            *primals, cotangent = args_and_cotangent
+            _, vjp = jax.vjp(forward, *primals)
+            return vjp(cotangent)
+
+    start = time.perf_counter()
+    with jax.default_matmul_precision(problem.matmul_precision):
+        compiled = jax.jit(fn).lower(*args).compile()
+    compile_s = time.perf_counter() - start
+
+    def memory():
+        stats = compiled.memory_analysis()
+        if stats is None:
+            return None, "n/a (no memory_analysis on this backend)"
+        return stats.temp_size_in_bytes + stats.output_size_in_bytes, "xla memory_analysis"
+
+    return Runner(lambda: jax.block_until_ready(compiled(*args)), memory, compile_s)
