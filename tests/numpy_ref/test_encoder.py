@@ -208,6 +208,17 @@ def test_encoder_applies_the_final_norm_iff_params_has_norm():
                                layer_norm(encoder(x, without, H, norm_first=True), params["norm"]), rtol=1e-14)
 
 
+def test_float32_in_float32_out_for_the_stack_and_its_gradients():
+    rng = np.random.default_rng(10)
+    params = init_encoder(rng, 2, D, F, final_norm=True, dtype=np.float32)
+    x = rng.standard_normal((B, L, D)).astype(np.float32)
+    out = encoder(x, params, H, mask=CAUSAL, activation="gelu")
+    g = encoder_backward(np.ones_like(out), x, params, H, mask=CAUSAL, activation="gelu")
+    assert out.dtype == np.float32 and g["x"].dtype == np.float32
+    assert g["params"]["layers"][0]["ffn"]["w_1"].dtype == np.float32
+    assert g["params"]["norm"]["gamma"].dtype == np.float32
+
+
 # --------------------------------------------------------------------------
 # dropout
 
@@ -265,6 +276,7 @@ BAD_CALLS = [
     ("backward-d_out-shape", lambda: encoder_layer_backward(X[:, :3], X, _P, H), ValueError, "d_out"),
     ("stack-dropout_masks-wrong-length", lambda: encoder(X, _STACK, H, dropout_p=0.2, dropout_masks=[_FULL]), ValueError, "dropout_masks"),
     ("stack-backward-layer-1-missing-site", lambda: encoder_backward(X, X, _STACK, H, dropout_p=0.2, dropout_masks=[_FULL, _NO_FFN]), ValueError, "dropout_masks[1]"),
+    ("float32-params-float64-x", lambda: encoder_layer(X, init_encoder_layer(np.random.default_rng(0), D, F, dtype=np.float32), H), TypeError, "params.w_q"),
     ("stack-missing-layers", lambda: encoder(X, {"norm": _P["norm1"]}, H), ValueError, "params"),
 ]
 

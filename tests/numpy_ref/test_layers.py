@@ -193,6 +193,20 @@ def test_dropout_keeps_float32():
     assert dropout(x, 0.5, rng=np.random.default_rng(0)).dtype == np.float32
 
 
+def test_float32_in_float32_out_for_every_layer_and_backward():
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((B, L, D)).astype(np.float32)
+    ln = init_layer_norm(D, dtype=np.float32)
+    ffn = init_feed_forward(rng, D, F, dtype=np.float32)
+    d_out = np.ones((B, L, D), np.float32)
+    assert layer_norm(x, ln).dtype == np.float32
+    assert layer_norm_backward(d_out, x, ln)["x"].dtype == np.float32
+    assert feed_forward(x, ffn, "gelu").dtype == np.float32
+    g = feed_forward_backward(d_out, x, ffn, "gelu")
+    assert g["x"].dtype == np.float32 and g["params"]["w_1"].dtype == np.float32
+    assert linear(x, ffn["w_1"], ffn["b_1"]).dtype == np.float32
+
+
 def test_dropout_backward_matches_finite_differences():
     rng = np.random.default_rng(9)
     kwargs = {"x": rng.standard_normal((B, L, D)), "p": 0.2, "mask": rng.random((B, L, D)) >= 0.2}
