@@ -1,0 +1,276 @@
+"""numpy_ref.interop: layouts by hand, round trips, PyTorch's own modules as
+the oracle (nn.MultiheadAttention, nn.TransformerEncoderLayer), bad input.
+
+Every dimension has its own size: B=2, H=3, Dh=4, Lq=5, Lk=7, D=12, F=20.
+"""
+import numpy as np
+import pytest
+
+from numpy_ref import interop
+from numpy_ref.attention import init_multi_head_attention, multi_head_attention
+from numpy_ref.encoder import encoder_layer, init_encoder_layer
+
+B, H, DH, LQ, LK, F = 2, 3, 4, 5, 7, 20
+D = H * DH  # 12
+
+MHA_TORCH_KEYS = {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}
+LAYER_TORCH_KEYS = {f"self_attn.{k}" for k in MHA_TORCH_KEYS} | {
+    "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias",
+    "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias",
+}
+
+
+@pytest.fixture(scope="module")
+def torch():
+    torch = pytest.importorskip("torch")
+    torch.set_float32_matmul_precision("highest")
+    return torch
+
+
+def random_tree(tree, rng):
+    """The same nested dict with every leaf replaced by normal noise (all non-zero)."""
+    if isinstance(tree, dict):
+        return {k: random_tree(v, rng) for k, v in tree.items()}
+    return rng.normal(size=tree.shape)
+
+
+def mha_params(seed=0):
+    return random_tree(init_multi_head_attention(np.random.default_rng(seed), D), np.random.default_rng(seed))
+
+
+def layer_params(seed=0):
+    return random_tree(init_encoder_layer(np.random.default_rng(seed), D, F), np.random.default_rng(seed))
+
+
+def flatten(tree, prefix=""):
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out = {}
+    for k, v in tree.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else k))
+    return out
+
+
+def assert_trees_equal(got, want):
+    got, want = flatten(got), flatten(want)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def padding(lengths, Lk=LK):
+    return (np.arange(Lk) < np.asarray(lengths)[:, None])[:, None, None, :]  # (B, 1, 1, Lk)
+
+
+# --------------------------------------------------------------------------- layouts by hand
+
+
+def test_mha_to_torch_stacks_transposed_q_k_v_weights_in_that_order():
+    p = mha_params()
+    state = interop.mha_params_to_torch(p)
+    assert set(state) == MHA_TORCH_KEYS
+    assert state["in_proj_weight"].shape == (3 * D, D) and state["in_proj_bias"].shape == (3 * D,)
+    for i, n in enumerate("qkv"):
+        np.testing.assert_array_equal(state["in_proj_weight"][i * D:(i + 1) * D], p[f"w_{n}"].T)
+        np.testing.assert_array_equal(state["in_proj_bias"][i * D:(i + 1) * D], p[f"b_{n}"])
+    np.testing.assert_array_equal(state["out_proj.weight"], p["w_o"].T)
+    np.testing.assert_array_equal(state["out_proj.bias"], p["b_o"])
+
+
+def test_encoder_layer_to_torch_names_and_transposes_every_entry():
+    p = layer_params()
+    state = interop.encoder_layer_params_to_torch(p)
+    assert set(state) == LAYER_TORCH_KEYS
+    assert state["linear1.weight"].shape == (F, D) and state["linear2.weight"].shape == (D, F)
+    np.testing.assert_array_equal(state["linear1.weight"], p["ffn"]["w_1"].T)
+    np.testing.assert_array_equal(state["linear2.weight"], p["ffn"]["w_2"].T)
+    np.testing.assert_array_equal(state["linear1.bias"], p["ffn"]["b_1"])
+    np.testing.assert_array_equal(state["norm2.weight"], p["norm2"]["gamma"])
+    np.testing.assert_array_equal(state["norm1.bias"], p["norm1"]["beta"])
+    np.testing.assert_array_equal(state["self_attn.out_proj.weight"], p["self_attn"]["w_o"].T)
+
+
+def test_conversions_return_fresh_contiguous_arrays():
+    p = layer_params()
+    state = interop.encoder_layer_params_to_torch(p)
+    back = interop.encoder_layer_params_from_torch(state)
+    leaves_in = list(flatten(p).values()) + list(state.values())
+    for x in list(state.values()) + list(flatten(back).values()):
+        assert x.flags["C_CONTIGUOUS"]
+        assert not any(np.shares_memory(x, y) for y in leaves_in if y is not x)
+
+
+def test_mha_params_round_trip_exactly():
+    p = mha_params()
+    assert_trees_equal(interop.mha_params_from_torch(interop.mha_params_to_torch(p)), p)
+
+
+def test_encoder_layer_params_round_trip_exactly():
+    p = layer_params()
+    assert_trees_equal(interop.encoder_layer_params_from_torch(interop.encoder_layer_params_to_torch(p)), p)
+
+
+def test_from_torch_ignores_extra_keys_and_keeps_float32():
+    p = {k: v.astype(np.float32) for k, v in mha_params().items()}
+    state = {**interop.mha_params_to_torch(p), "extra.running_stat": np.zeros(3)}
+    back = interop.mha_params_from_torch(state)
+    assert_trees_equal(back, p)
+    assert {x.dtype for x in back.values()} == {np.dtype(np.float32)}
+
+
+def test_mask_from_torch_inverts_polarity_and_reshapes_key_padding():
+    rng = np.random.default_rng(0)
+    attn_mask = rng.random((LQ, LK)) < 0.3  # True = ignore
+    key_padding_mask = ~padding([4, 6])[:, 0, 0, :]  # (B, Lk), True = ignore
+    np.testing.assert_array_equal(interop.mask_from_torch(attn_mask), ~attn_mask)
+    got = interop.mask_from_torch(key_padding_mask=key_padding_mask)
+    np.testing.assert_array_equal(got, padding([4, 6]))
+    both = interop.mask_from_torch(attn_mask, key_padding_mask)
+    assert both.shape == (B, 1, LQ, LK)
+    np.testing.assert_array_equal(both, ~attn_mask & padding([4, 6]))
+    assert interop.mask_from_torch() is None
+
+
+def test_mask_to_torch_and_back_is_the_identity():
+    ours = padding([0, 6])
+    theirs = interop.mask_to_torch(ours)
+    assert theirs.shape == ours.shape and theirs.dtype == np.bool_
+    np.testing.assert_array_equal(interop.mask_from_torch(key_padding_mask=theirs[:, 0, 0, :]), ours)
+    assert interop.mask_to_torch(None) is None
+
+
+def test_heads_to_blhd_moves_the_head_axis_and_back():
+    x = np.random.default_rng(0).normal(size=(B, H, LQ, DH))
+    y = interop.heads_to_blhd(x)
+    assert y.shape == (B, LQ, H, DH)
+    assert y[1, 4, 2, 3] == x[1, 2, 4, 3]
+    np.testing.assert_array_equal(interop.heads_from_blhd(y), x)
+
+
+# --------------------------------------------------------------------------- PyTorch as the oracle
+
+
+def to_torch_state(torch, state):
+    return {k: torch.from_numpy(v) for k, v in state.items()}
+
+
+def torch_mha(torch, params):
+    module = torch.nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64)
+    module.load_state_dict(to_torch_state(torch, interop.mha_params_to_torch(params)))
+    return module.eval()
+
+
+def test_torch_state_dict_keys_and_shapes_match_ours(torch):
+    module = torch.nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64)
+    ours = interop.mha_params_to_torch(mha_params())
+    assert {k: tuple(v.shape) for k, v in module.state_dict().items()} == {
+        k: v.shape for k, v in ours.items()
+    }
+    layer = torch.nn.TransformerEncoderLayer(D, H, F, batch_first=True, dtype=torch.float64)
+    ours = interop.encoder_layer_params_to_torch(layer_params())
+    assert {k: tuple(v.shape) for k, v in layer.state_dict().items()} == {
+        k: v.shape for k, v in ours.items()
+    }
+
+
+def test_from_torch_reads_a_torch_state_dict_directly(torch):
+    module = torch.nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64)
+    params = interop.mha_params_from_torch(module.state_dict())
+    assert_trees_equal(interop.mha_params_to_torch(params),
+                       {k: v.numpy() for k, v in module.state_dict().items()})
+
+
+@pytest.mark.parametrize("masking", ["none", "key_padding_mask", "attn_mask+key_padding_mask"])
+def test_torch_multihead_attention_with_our_weights_gives_our_output(torch, masking):
+    rng = np.random.default_rng(1)
+    params = mha_params()
+    query, key, value = (rng.normal(size=(B, L, D)) for L in (LQ, LK, LK))
+    ours_mask = {"none": None, "key_padding_mask": padding([4, 6]),
+                 "attn_mask+key_padding_mask": padding([4, 6]) & np.tril(np.ones((LQ, LK), bool))}[masking]
+    out, weights = multi_head_attention(query, key, value, params, H, mask=ours_mask)
+
+    torch_masks = {}
+    if masking != "none":
+        torch_masks["key_padding_mask"] = torch.from_numpy(interop.mask_to_torch(padding([4, 6]))[:, 0, 0, :])
+    if masking == "attn_mask+key_padding_mask":
+        torch_masks["attn_mask"] = torch.from_numpy(interop.mask_to_torch(np.tril(np.ones((LQ, LK), bool))))
+    with torch.no_grad():
+        got, got_weights = torch_mha(torch, params)(
+            *(torch.from_numpy(x) for x in (query, key, value)),
+            need_weights=True, average_attn_weights=False, **torch_masks,
+        )
+    np.testing.assert_allclose(got.numpy(), out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got_weights.numpy(), weights, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding"])
+def test_torch_encoder_layer_with_our_weights_gives_our_output(torch, norm_first, activation, masked):
+    rng = np.random.default_rng(2)
+    params = layer_params()
+    x = rng.normal(size=(B, LK, D))
+    mask = padding([4, 6]) if masked else None
+    want = encoder_layer(x, params, H, mask=mask, norm_first=norm_first, activation=activation)
+
+    layer = torch.nn.TransformerEncoderLayer(
+        D, H, F, dropout=0.0, activation=activation, batch_first=True,
+        norm_first=norm_first, dtype=torch.float64,
+    )
+    layer.load_state_dict(to_torch_state(torch, interop.encoder_layer_params_to_torch(params)))
+    layer.eval()
+    kpm = None if mask is None else torch.from_numpy(interop.mask_to_torch(mask)[:, 0, 0, :])
+    got = layer(torch.from_numpy(x), src_key_padding_mask=kpm)  # grad mode on: no fused fast path
+    np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _params_without(key):
+    return {k: v for k, v in mha_params().items() if k != key}
+
+
+BAD = [
+    ("mha_to_torch/missing-b_k", lambda: interop.mha_params_to_torch(_params_without("b_k")),
+     ValueError, "params", "'b_k'"),
+    ("mha_to_torch/w_v-shape", lambda: interop.mha_params_to_torch({**mha_params(), "w_v": np.zeros((D, D + 1))}),
+     ValueError, "params.w_v", "(12, 13)"),
+    ("mha_to_torch/b_o-float32", lambda: interop.mha_params_to_torch({**mha_params(), "b_o": np.zeros(D, np.float32)}),
+     TypeError, "params.b_o", "float32"),
+    ("mha_from_torch/missing-out_proj.bias", lambda: interop.mha_params_from_torch(
+        {k: v for k, v in interop.mha_params_to_torch(mha_params()).items() if k != "out_proj.bias"}),
+     ValueError, "state", "'out_proj.bias'"),
+    ("mha_from_torch/in_proj_weight-shape", lambda: interop.mha_params_from_torch(
+        {**interop.mha_params_to_torch(mha_params()), "in_proj_weight": np.zeros((2 * D, D))}),
+     ValueError, "state[in_proj_weight]", "(24, 12)"),
+    ("layer_to_torch/missing-norm2", lambda: interop.encoder_layer_params_to_torch(
+        {k: v for k, v in layer_params().items() if k != "norm2"}),
+     ValueError, "params", "'norm2'"),
+    ("layer_to_torch/w_2-shape", lambda: interop.encoder_layer_params_to_torch(
+        {**layer_params(), "ffn": {**layer_params()["ffn"], "w_2": np.zeros((F, D - 1))}}),
+     ValueError, "params.ffn.w_2", "(20, 11)"),
+    ("layer_from_torch/linear2.weight-shape", lambda: interop.encoder_layer_params_from_torch(
+        {**interop.encoder_layer_params_to_torch(layer_params()), "linear2.weight": np.zeros((F, D))}),
+     ValueError, "state[linear2.weight]", "(20, 12)"),
+    ("mask_from_torch/float-attn_mask", lambda: interop.mask_from_torch(np.zeros((LQ, LK))),
+     TypeError, "attn_mask", "float64"),
+    ("mask_from_torch/attn_mask-rank-3", lambda: interop.mask_from_torch(np.zeros((B * H, LQ, LK), bool)),
+     ValueError, "attn_mask", "(6, 5, 7)"),
+    ("mask_from_torch/short-key_padding_mask", lambda: interop.mask_from_torch(
+        np.zeros((LQ, LK), bool), np.zeros((B, LK - 2), bool)),
+     ValueError, "key_padding_mask", "(2, 5)"),
+    ("mask_to_torch/float", lambda: interop.mask_to_torch(np.zeros((B, LK))), TypeError, "mask", "float64"),
+    ("heads_to_blhd/rank-3", lambda: interop.heads_to_blhd(np.zeros((B, LQ, DH))), ValueError, "x", "(2, 5, 4)"),
+    ("heads_from_blhd/rank-5", lambda: interop.heads_from_blhd(np.zeros((1, B, LQ, H, DH))),
+     ValueError, "x", "(1, 2, 5, 3, 4)"),
+]
+
+
+@pytest.mark.parametrize("call, exc, name, got", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_raises_with_the_argument_name_and_what_came(call, exc, name, got):
+    with pytest.raises(exc) as info:
+        call()
+    message = str(info.value)
+    assert message.startswith(f"{name}: "), message
+    assert got in message, message
