@@ -306,6 +306,8 @@ def multi_head_attention(
 
     Returns:
       ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
+      A fully masked query row has weights 0 and a zero concat row, so its
+      ``out`` row is ``b_o``.
     """
     _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)
     # 1) project, 2) split heads
@@ -341,7 +343,8 @@ def multi_head_attention_backward(
     Returns:
       ``{"query", "key", "value", "params": {8 keys}}`` and ``"bias"`` when
       bias is given. When one array is passed as query, key and value, the
-      caller sums the three gradients.
+      caller sums the three gradients. ``b_k``'s gradient is 0 up to rounding:
+      ``q · b_k`` shifts a whole score row, which the softmax ignores.
     """
     _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)
     _require_dropout_mask(dropout_p, dropout_mask)
