@@ -401,8 +401,11 @@ def _loadavg():
         return None
 
 
+_START = time.perf_counter()
+
+
 def _progress(message):
-    print(message, file=sys.stderr, flush=True)
+    print(f"[{time.perf_counter() - _START:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
