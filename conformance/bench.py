@@ -82,6 +82,8 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    # JAX would otherwise take 75% of the GPU before torch allocates anything
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if args.quick:  # quick's settings, unless given explicitly
         for name, value in QUICK.items():
             if getattr(args, name) == parser.get_default(name):
@@ -340,7 +342,8 @@ def _header(argv, args, torch_device, jax_device):
         "repeats": args.repeats, "warmup": args.warmup, "min_sample_s": args.min_time,
         "numpy": np.__version__, "numpy_blas": _blas_info(),
         "env": {k: os.environ.get(k) for k in (
-            "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "XLA_FLAGS")},
+            "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "XLA_FLAGS",
+            "XLA_PYTHON_CLIENT_PREALLOCATE")},
         "torch": None, "torch_device": torch_device, "torch_num_threads": None,
         "jax": None, "jax_device": None,
     }
