@@ -459,23 +459,39 @@ def test_encoder_layer_drops_out_at_the_same_sites_as_the_builtin_given_the_same
     close_all(g, grads((want * cot).sum(), dict(x=their_x, **flatten(their_p, "params"))))
 
 
+@pytest.fixture
+def fast_path_calls(monkeypatch):
+    """Counts calls of nn.TransformerEncoderLayer's fused inference kernel."""
+    calls = []
+    fused = torch._transformer_encoder_layer_fwd
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_transformer_encoder_layer_fwd", spy)
+    return calls
+
+
 def fast_path_case(seed):
     """x, params and a padding mask for H=4 (the fast path needs an even head count)."""
     return randn(seed, B, LQ, D), layer_params(seed + 1), lengths_mask([LQ, 3], LQ)
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
-def test_encoder_layer_fast_path_computes_padded_positions_like_spec(norm_first):
+def test_encoder_layer_fast_path_computes_padded_positions_like_spec(norm_first, fast_path_calls):
     x, params, pad = fast_path_case(50)
     layer = builtin_layer(params, H_EVEN, norm_first).eval()
     with torch.no_grad():  # eval + no_grad: torch._transformer_encoder_layer_fwd
         theirs = layer(x, src_key_padding_mask=interop.mask_to_torch(pad)[:, 0, 0])
         ours = ti.encoder_layer(x, params, H_EVEN, mask=pad, norm_first=norm_first)
+    assert len(fast_path_calls) == 1
     close(theirs, ours)
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
-def test_encoder_layer_fast_path_gives_nan_for_a_fully_padded_sequence_where_spec_is_finite(norm_first):
+def test_encoder_layer_fast_path_gives_nan_for_a_fully_padded_sequence_where_spec_is_finite(
+        norm_first, fast_path_calls):
     x, params, _ = fast_path_case(51)
     pad = lengths_mask([LQ, 0], LQ)  # sequence 1 is all padding
     key_padding_mask = interop.mask_to_torch(pad)[:, 0, 0]
@@ -483,13 +499,15 @@ def test_encoder_layer_fast_path_gives_nan_for_a_fully_padded_sequence_where_spe
     with torch.no_grad():
         fast = layer(x, src_key_padding_mask=key_padding_mask)
         ours = ti.encoder_layer(x, params, H_EVEN, mask=pad, norm_first=norm_first)
+    assert len(fast_path_calls) == 1
     slow = layer(x, src_key_padding_mask=key_padding_mask)  # grad enabled: the slow path
+    assert len(fast_path_calls) == 1
     assert torch.isnan(fast[1]).all() and torch.isfinite(ours).all()
     close(fast[0], ours[0])
     close(slow, ours)  # the slow path agrees everywhere, the empty sequence included
 
 
-def test_encoder_stack_fast_path_zeroes_padded_positions_where_spec_computes_them():
+def test_encoder_stack_fast_path_zeroes_padded_positions_where_spec_computes_them(fast_path_calls):
     # nn.TransformerEncoder(enable_nested_tensor=True) packs the batch into a
     # nested tensor (post-norm, even head count, eval, no grad) and pads back with 0.
     x, params, pad = fast_path_case(52)
@@ -499,6 +517,7 @@ def test_encoder_stack_fast_path_zeroes_padded_positions_where_spec_computes_the
     with torch.no_grad():
         theirs = builtin(x, src_key_padding_mask=key_padding_mask)
         ours = ti.encoder(x, stack, H_EVEN, mask=pad)
+    assert len(fast_path_calls) == 2
     assert torch.equal(theirs[key_padding_mask], torch.zeros_like(theirs[key_padding_mask]))
     assert (ours[key_padding_mask].abs() > 1e-3).all()
     close(theirs[~key_padding_mask], ours[~key_padding_mask])
