@@ -17,22 +17,19 @@ extra) a PNG. See docs/BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import math
 import os
 import pathlib
-import platform
 import statistics
 import sys
 import time
 
-import numpy as np
-
 from . import bench_report
 from .bench_cases import IMPLS, MODES, OPS, PRESETS, flops, make_inputs, parse_shape
-from .bench_runners import Problem, Skip
+from .bench_machine import header as machine_header, loadavg, measure_matmul_peak
+from .bench_runners import Problem, Skip, time_calls
 
 SCHEMA = 1
 DEFAULT_PRESETS = ("tutorial", "base", "long")
@@ -92,7 +89,7 @@ def main(argv=None) -> int:
     ops = args.op or list(OPS)
     torch_device, jax_device = _devices(args.device)
 
-    header = _header(argv, args, torch_device, jax_device)
+    header = machine_header(argv, args, torch_device, jax_device)
     restore = _set_matmul_precision(args.matmul_precision)
     try:
         _progress(f"matmul peak: {args.matmul_size}x{args.matmul_size} float32, "
@@ -103,7 +100,7 @@ def main(argv=None) -> int:
     finally:
         restore()
 
-    header["loadavg_end"] = _loadavg()
+    header["loadavg_end"] = loadavg()
     report = {"schema": SCHEMA, "header": header, "matmul_peak": peak, "results": records}
     print(bench_report.format_report(report))
     path = pathlib.Path(args.json)
@@ -209,7 +206,7 @@ def run_case(preset, problem, mode, args, peak_gflops):
             shift = repeat % max(1, len(names))
             for name in names[shift:] + names[:shift]:
                 number = by_name[name]["number"]
-                by_name[name]["times_s"].append(_time(runners[name].call, number))
+                by_name[name]["times_s"].append(time_calls(runners[name].call, number))
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -256,15 +253,8 @@ def _device_class(framework, problem):
 
 def _calibrate(call, min_time):
     """Calls per sample so that one sample lasts at least ``min_time``."""
-    once = _time(call, 1)
+    once = time_calls(call, 1)
     return max(1, min(100_000, math.ceil(min_time / max(once, 1e-9))))
-
-
-def _time(call, number):
-    start = time.perf_counter()
-    for _ in range(number):
-        call()
-    return (time.perf_counter() - start) / number
 
 
 def _summarize(record, peak_gflops):
@@ -286,122 +276,6 @@ def _ratios(records, by_name):
         base = by_name.get(record["baseline"])
         if record["status"] == "ok" and base is not None and base["status"] == "ok":
             record["ratio_to_baseline"] = record["median_s"] / base["median_s"]
-
-
-# --------------------------------------------------------------------------
-# the machine: float32 matmul peak and what the run ran on
-# --------------------------------------------------------------------------
-
-
-def measure_matmul_peak(n, repeats, torch_device, jax_device, precision="highest"):
-    """Best-of-``repeats`` GFLOP/s of an ``n x n`` float32 matmul per framework;
-    ``peak_gflops`` keeps the best per device class ("cpu", "gpu")."""
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
-    rows = [_matmul_row("numpy", "cpu", lambda: a @ b, n, repeats)]
-    try:
-        import torch
-
-        ta, tb = (torch.as_tensor(m, device=torch_device) for m in (a, b))
-        sync = torch.cuda.synchronize if torch_device != "cpu" else (lambda: None)
-        rows.append(_matmul_row("torch", "gpu" if torch_device != "cpu" else "cpu",
-                                lambda: (ta @ tb, sync()), n, repeats))
-    except ImportError:
-        pass
-    try:
-        import jax
-
-        device = jax_device or jax.devices()[0]
-        ja, jb = (jax.device_put(m, device) for m in (a, b))
-        with jax.default_matmul_precision(precision):
-            mm = jax.jit(lambda x, y: x @ y).lower(ja, jb).compile()
-        rows.append(_matmul_row("jax", device.platform,
-                                lambda: mm(ja, jb).block_until_ready(), n, repeats))
-    except ImportError:
-        pass
-    peak = {}
-    for row in rows:
-        peak[row["device"]] = max(peak.get(row["device"], 0.0), row["gflops"])
-    return {"n": n, "dtype": "float32", "results": rows, "peak_gflops": peak}
-
-
-def _matmul_row(framework, device, call, n, repeats):
-    call()
-    best = min(_time(call, 1) for _ in range(repeats))
-    return {"framework": framework, "device": device, "best_s": best,
-            "gflops": 2 * n**3 / best / 1e9}
-
-
-def _header(argv, args, torch_device, jax_device):
-    header = {
-        "command": " ".join(["python -m conformance bench", *argv]),
-        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(), "platform": platform.platform(),
-        "loadavg_start": _loadavg(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(), "cpu_simd": _cpu_simd(),
-        "dtype": args.dtype, "matmul_precision": args.matmul_precision,
-        "repeats": args.repeats, "warmup": args.warmup, "min_sample_s": args.min_time,
-        "numpy": np.__version__, "numpy_blas": _blas_info(),
-        "env": {k: os.environ.get(k) for k in (
-            "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "XLA_FLAGS",
-            "XLA_PYTHON_CLIENT_PREALLOCATE")},
-        "torch": None, "torch_device": torch_device, "torch_num_threads": None,
-        "jax": None, "jax_device": None,
-    }
-    try:
-        import torch
-
-        header.update(torch=torch.__version__, torch_num_threads=torch.get_num_threads())
-        if torch_device != "cpu":
-            header["gpu"] = torch.cuda.get_device_name()
-    except ImportError:
-        pass
-    try:
-        import jax
-
-        header.update(jax=jax.__version__, jax_device=str(jax_device or jax.devices()[0]))
-    except ImportError:
-        pass
-    return header
-
-
-def _blas_info():
-    try:
-        from threadpoolctl import threadpool_info
-
-        return {"source": "threadpoolctl", "pools": [
-            {k: p.get(k) for k in ("internal_api", "version", "num_threads", "threading_layer")}
-            for p in threadpool_info()]}
-    except ImportError:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        return {"source": "numpy.show_config (threadpoolctl not installed: thread count unknown)",
-                "name": blas.get("name"), "version": blas.get("version"),
-                "config": blas.get("openblas configuration")}
-
-
-def _cpu_model():
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def _cpu_simd():
-    try:
-        text = pathlib.Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    flags = set(next((l for l in text.splitlines() if l.startswith("flags")), "").split())
-    return [f for f in ("avx512f", "avx2", "fma", "avx512_bf16", "amx_bf16") if f in flags]
-
-
-def _loadavg():
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):  # not on every platform
-        return None
 
 
 _START = time.perf_counter()

@@ -51,6 +51,14 @@ class Runner:
     compile_s: float | None = None
 
 
+def time_calls(call, number):
+    """Mean wall time of ``number`` back-to-back calls."""
+    start = time.perf_counter()
+    for _ in range(number):
+        call()
+    return (time.perf_counter() - start) / number
+
+
 def _module(name):
     try:
         return importlib.import_module(name)
@@ -101,14 +109,17 @@ def _numpy_args(problem):
 
 
 def _tracemalloc_peak(call):
-    tracemalloc.start()
+    already = tracemalloc.is_tracing()  # e.g. python -X tracemalloc: leave it running
+    if not already:
+        tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
         call()
         return tracemalloc.get_traced_memory()[1] - before, "tracemalloc"
     finally:
-        tracemalloc.stop()
+        if not already:
+            tracemalloc.stop()
 
 
 # --------------------------------------------------------------------------
