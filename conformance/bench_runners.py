@@ -69,7 +69,7 @@ def _module(name):
 def _function(module, name):
     fn = getattr(module, name, None)
     if fn is None:
-        raise Skip(f"{module.__name__}.{name} does not exist yet")
+        raise Skip(f"{module.__name__} has no {name}")
     return fn
 
 
