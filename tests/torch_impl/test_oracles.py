@@ -279,22 +279,28 @@ def _fully_masked_query_row():
     return attn_mask
 
 
-def test_multihead_attention_gives_nan_for_a_fully_masked_row_where_spec_gives_zero():
-    inputs, params, cot = mha_inputs(False), mha_params(31), mha_cot()
-    attn_mask = _fully_masked_query_row()
+@pytest.mark.parametrize("empty", ["attn_mask_row", "key_padding_mask_all_true"])
+def test_multihead_attention_gives_nan_for_a_fully_masked_row_where_spec_gives_zero(empty):
+    inputs, params = mha_inputs(False), mha_params(31)
+    if empty == "attn_mask_row":  # query 2 of every sequence ignores every key
+        torch_kw, rows = dict(attn_mask=_fully_masked_query_row()), (slice(None), [2])
+        spared = (slice(None), [0, 1, 3, 4])
+    else:  # sequence 1 has no key at all
+        key_padding_mask = torch.zeros(B, LK, dtype=torch.bool)
+        key_padding_mask[1] = True
+        torch_kw, rows, spared = dict(key_padding_mask=key_padding_mask), ([1], slice(None)), ([0], slice(None))
     mha = builtin_mha(params)
     with torch.no_grad():
-        theirs, their_weights = mha(*qkv(inputs), attn_mask=attn_mask, average_attn_weights=False)
-        ours, weights = ti.multi_head_attention(*qkv(inputs), params, H,
-                                                mask=interop.mask_from_torch(attn_mask))
-    # the difference: NaN in the built-in, zero weights and out = b_o (0 @ w_o + b_o) in the spec
-    assert torch.isnan(theirs[:, 2]).all() and torch.isnan(their_weights[:, :, 2]).all()
-    assert torch.equal(weights[:, :, 2], torch.zeros(B, H, LK, dtype=F64))
-    close(ours[:, 2], params["b_o"].expand(B, D))
+        theirs, their_weights = mha(*qkv(inputs), **torch_kw, average_attn_weights=False)
+        ours, weights = ti.multi_head_attention(*qkv(inputs), params, H, mask=interop.mask_from_torch(**torch_kw))
+    # the difference: NaN in the built-in; zero weights and out = 0 @ w_o + b_o in the spec
+    assert torch.isnan(theirs[rows]).all() and torch.isnan(their_weights.transpose(1, 2)[rows]).all()
+    assert not torch.isnan(theirs[spared]).any()
+    assert torch.equal(weights.transpose(1, 2)[rows], torch.zeros_like(weights.transpose(1, 2)[rows]))
+    close(ours[rows], params["b_o"].expand_as(ours[rows]))
     # every other row agrees
-    rows = [0, 1, 3, 4]
-    close(ours[:, rows], theirs[:, rows])
-    close(weights[:, :, rows], their_weights[:, :, rows])
+    close(ours[spared], theirs[spared])
+    close(weights.transpose(1, 2)[spared], their_weights.transpose(1, 2)[spared])
 
 
 def test_multihead_attention_nan_reaches_every_gradient_where_spec_gradients_stay_finite():
@@ -507,6 +513,7 @@ def test_encoder_layer_fast_path_gives_nan_for_a_fully_padded_sequence_where_spe
     close(slow, ours)  # the slow path agrees everywhere, the empty sequence included
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 def test_encoder_stack_fast_path_zeroes_padded_positions_where_spec_computes_them(fast_path_calls):
     # nn.TransformerEncoder(enable_nested_tensor=True) packs the batch into a
     # nested tensor (post-norm, even head count, eval, no grad) and pads back with 0.
