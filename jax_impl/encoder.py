@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._checks import (
     check_bool,
@@ -200,7 +201,9 @@ def _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks, rng
     check_float(x, "x")
     check_rank(x, "x", ("B", "L", "D"))
     check_params(params, "params", LAYER_KEYS)
-    check_params(params["ffn"], "ffn", FEED_FORWARD_KEYS)
+    check_params(params["ffn"], "params.ffn", FEED_FORWARD_KEYS)
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)):
+        raise TypeError(f"num_heads: expected a positive int, got {num_heads!r}")
     check_divisible(x.shape[2], num_heads)
     check_choice(activation, "activation", ACTIVATIONS)
     check_probability(dropout_p, "dropout_p")

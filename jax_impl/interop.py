@@ -48,13 +48,18 @@ _LAYER_TORCH_KEYS = tuple(f"self_attn.{k}" for k in _MHA_TORCH_KEYS) + (
 
 
 def _copy(x):
-    """A JAX array of ``x`` (JAX arrays are immutable: nothing is shared that could change)."""
+    """``x`` as a JAX array (JAX arrays are immutable: no copy is needed)."""
     return jnp.asarray(x)
 
 
 def _transpose(w):
     """``(in, out) <-> (out, in)``."""
     return jnp.asarray(w).T
+
+
+def _as_arrays(state, keys):
+    """The entries ``keys`` of ``state`` as JAX arrays (numpy arrays and CPU torch tensors convert)."""
+    return {k: jnp.asarray(state[k]) for k in keys}
 
 
 def _check_mha_params(params, name: str) -> int:
@@ -127,17 +132,19 @@ def mha_params_from_torch(state):
     Args:
       state: ``{"in_proj_weight": (3D, D), "in_proj_bias": (3D,),
         "out_proj.weight": (D, D), "out_proj.bias": (D,)}`` (extra keys are
-        ignored), JAX or numpy arrays. Modules built with ``kdim``/``vdim``
-        different from ``D`` store separate ``q_proj_weight``... and are not
-        supported.
+        ignored), JAX arrays or array-likes (numpy arrays, CPU torch
+        tensors). Modules built with ``kdim``/``vdim`` different from ``D``
+        store separate ``q_proj_weight``... and are not supported.
 
     Returns:
       ``{"w_q": (D, D), "b_q": (D,), ..., "w_o": (D, D), "b_o": (D,)}``.
     """
+    check_params(state, "state", _MHA_TORCH_KEYS)
+    state = _as_arrays(state, _MHA_TORCH_KEYS)
     _check_mha_state(state, "state")
     # 1) split the packed projection into q, k, v rows, (out, in) each
-    w_q, w_k, w_v = jnp.split(jnp.asarray(state["in_proj_weight"]), 3, axis=0)  # 3 x (D, D)
-    b_q, b_k, b_v = jnp.split(jnp.asarray(state["in_proj_bias"]), 3, axis=0)  # 3 x (D,)
+    w_q, w_k, w_v = jnp.split(state["in_proj_weight"], 3, axis=0)  # 3 x (D, D)
+    b_q, b_k, b_v = jnp.split(state["in_proj_bias"], 3, axis=0)  # 3 x (D,)
     # 2) transpose every weight back to (in, out)
     return {
         "w_q": _transpose(w_q), "b_q": _copy(b_q),
@@ -211,7 +218,8 @@ def encoder_layer_params_from_torch(state):
 
     Args:
       state: the 12 entries listed in ``encoder_layer_params_to_torch``
-        (extra keys are ignored), JAX or numpy arrays.
+        (extra keys are ignored), JAX arrays or array-likes, e.g. a CPU
+        ``layer.state_dict()``.
 
     Returns:
       ``{"self_attn": {...8}, "ffn": {"w_1": (D, F), "b_1": (F,),
@@ -219,6 +227,7 @@ def encoder_layer_params_from_torch(state):
       "norm2": {...}}``.
     """
     check_params(state, "state", _LAYER_TORCH_KEYS)
+    state = _as_arrays(state, _LAYER_TORCH_KEYS)
     d_model = _check_mha_state(state, "state", prefix="self_attn.")
     check_rank(state["linear1.weight"], "state[linear1.weight]", ("F", "D"))
     d_ff = int(state["linear1.weight"].shape[0])

@@ -200,12 +200,12 @@ def _check_linear(x, w, b):
 
 def _check_layer_norm(x, params, eps):
     check_params(params, "params", LAYER_NORM_KEYS)
-    check_same_float_dtype({"x": x, "gamma": params["gamma"], "beta": params["beta"]})
+    check_same_float_dtype({"x": x, "params.gamma": params["gamma"], "params.beta": params["beta"]})
     if x.ndim < 1:
         raise ValueError(f"x: expected shape (..., D), got {shape_str(x.shape)}")
     d = x.shape[-1]
-    check_shape(params["gamma"], "gamma", ("D",), {"D": d})
-    check_shape(params["beta"], "beta", ("D",), {"D": d})
+    check_shape(params["gamma"], "params.gamma", ("D",), {"D": d})
+    check_shape(params["beta"], "params.beta", ("D",), {"D": d})
     if not float(eps) > 0:
         raise ValueError(f"eps: expected a positive number, got {eps}")
 
@@ -213,15 +213,15 @@ def _check_layer_norm(x, params, eps):
 def _check_feed_forward(x, params, activation):
     check_choice(activation, "activation", ACTIVATIONS)
     check_params(params, "params", FEED_FORWARD_KEYS)
-    check_same_float_dtype({"x": x, **{k: params[k] for k in FEED_FORWARD_KEYS}})
+    check_same_float_dtype({"x": x, **{f"params.{k}": params[k] for k in FEED_FORWARD_KEYS}})
     if x.ndim < 1:
         raise ValueError(f"x: expected shape (..., D), got {shape_str(x.shape)}")
     d = x.shape[-1]
-    check_shape(params["w_1"], "w_1", ("D", "F"), {"D": d})
+    check_shape(params["w_1"], "params.w_1", ("D", "F"), {"D": d})
     f = params["w_1"].shape[1]
-    check_shape(params["b_1"], "b_1", ("F",), {"F": f})
-    check_shape(params["w_2"], "w_2", ("F", "D"), {"F": f, "D": d})
-    check_shape(params["b_2"], "b_2", ("D",), {"D": d})
+    check_shape(params["b_1"], "params.b_1", ("F",), {"F": f})
+    check_shape(params["w_2"], "params.w_2", ("F", "D"), {"F": f, "D": d})
+    check_shape(params["b_2"], "params.b_2", ("D",), {"D": d})
 
 
 # --------------------------------------------------------------------------
