@@ -112,7 +112,8 @@ class PositionalEncoding(_CanonicalModule):
     """Adds the sinusoidal table, then dropout (as in the paper, §5.4).
 
     ``out = dropout(x + PE[:L])``. The table is a non-persistent buffer named
-    ``table``: ``.to(device)`` and ``.to(dtype)`` move it, ``state_dict()``
+    ``table``: ``.to(device)`` and ``.to(dtype)`` move it (rebuilt in the
+    new dtype, not rounded from the old one), ``state_dict()``
     has no entry for it (it is recomputed, not learned). Dropout is active in
     ``train()`` only.
 
@@ -128,6 +129,14 @@ class PositionalEncoding(_CanonicalModule):
         self.d_model, self.max_len, self.dropout = d_model, max_len, float(dropout)
         table = sinusoidal_encoding(max_len, d_model, dtype=dtype, device=device)
         self.register_buffer("table", table, persistent=False)
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to(dtype) would only round the old table: rebuild it from float64
+        # in the new dtype and device, so .double() gives numpy_ref's table.
+        super()._apply(fn, *args, **kwargs)
+        self.table = sinusoidal_encoding(self.max_len, self.d_model, self.table.dtype,
+                                         self.table.device)
+        return self
 
     def forward(self, x, dropout_mask=None):
         """``x (B, L, D)`` -> ``(B, L, D)``; ``dropout_mask (B, L, D)`` is the keep-mask."""

@@ -1,0 +1,89 @@
+"""Shared pieces of the torch_impl tests: numpy <-> torch trees and an
+autograd vector-Jacobian product shaped like numpy_ref's ``*_backward``.
+
+The test modules do ``torch = pytest.importorskip("torch")`` themselves; this
+file imports torch lazily so that a numpy-only install still collects (and
+skips) them.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng(request):
+    """A numpy generator seeded by the test's own name (stable, distinct per test)."""
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+def flatten(tree, prefix=""):
+    """Nested dicts/lists -> ``{"params.layers.0.ffn.w_1": leaf}``."""
+    if isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, (list, tuple)):
+        items = ((str(i), v) for i, v in enumerate(tree))
+    else:
+        return {prefix: tree}
+    out = {}
+    for key, value in items:
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def tree_map(fn, tree):
+    """``fn`` on every leaf that is not a dict/list (None and scalars included)."""
+    if isinstance(tree, dict):
+        return {k: tree_map(fn, v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [tree_map(fn, v) for v in tree]
+    return fn(tree)
+
+
+def to_torch(tree, dtype=None, requires_grad=False):
+    """numpy leaves -> tensors; float leaves cast to ``dtype`` (default: kept)
+    and marked ``requires_grad`` when asked. Other leaves pass through."""
+    import torch
+
+    def convert(a):
+        if not isinstance(a, np.ndarray):
+            return a
+        t = torch.from_numpy(np.array(a))
+        if t.dtype.is_floating_point:
+            t = t.to(dtype or t.dtype)
+            t.requires_grad_(requires_grad)
+        return t
+
+    return tree_map(convert, tree)
+
+
+def to_numpy(t):
+    """A tensor -> float64 (or bool/int) numpy array."""
+    t = t.detach().cpu()
+    return (t.double() if t.dtype.is_floating_point else t).numpy()
+
+
+def float_leaves(tree):
+    """``{dotted name: tensor}`` of the tensors that require grad."""
+    import torch
+
+    return {
+        k: v for k, v in flatten(tree).items()
+        if isinstance(v, torch.Tensor) and v.requires_grad
+    }
+
+
+def torch_vjp(outputs, cotangents, leaves):
+    """Autograd gradients of ``sum(out_i * cot_i)`` w.r.t. ``leaves`` (a dict),
+    as numpy; a cotangent of None skips that output."""
+    import torch
+
+    loss = sum((o * torch.as_tensor(c, dtype=o.dtype)).sum()
+               for o, c in zip(outputs, cotangents) if c is not None and o is not None)
+    grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+    return {
+        k: np.zeros(tuple(v.shape)) if g is None else to_numpy(g)
+        for (k, v), g in zip(leaves.items(), grads)
+    }
