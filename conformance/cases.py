@@ -115,7 +115,9 @@ class Case:
             from .invoke import numpy_forward
 
             outputs = numpy_forward(self.function, kwargs)
-            cotangents = {n: rng.standard_normal(outputs[n].shape) for n in output_names(self.function)}
+            cotangents = {n: _bf16(rng.standard_normal(outputs[n].shape)) for n in output_names(self.function)}
+        inexact = [n for n, leaf in flatten(kwargs).items() if n in wrt and not _exact_in_half(leaf)]
+        assert not inexact, f"{self.name}: inputs {inexact} are not exact in bfloat16/float16"
         return Call(self.name, self.function, self.module, kwargs, wrt, cotangents)
 
 
@@ -130,8 +132,31 @@ def _case(name, function, build, **kw):
 # drawing helpers (plain numpy: the cases never depend on numpy_ref's masks)
 
 
+def _bf16(a):
+    """Round to the nearest bfloat16 value (8 significant bits), kept in float64.
+
+    Every float input and cotangent of the catalog is drawn this way, so
+    casting it to float32, bfloat16 or float16 is exact: each backend, in
+    each dtype, receives exactly the numbers the float64 reference used, and
+    the comparison measures the computation, not the rounding of the inputs
+    (which, through layer norms and relu kinks, alone moves the gradients of
+    the encoder stack by 10x the bfloat16 tolerance). Magnitudes below 2^-17
+    (not exact in float16) are flushed to 0.
+    """
+    bits = np.asarray(a, dtype=np.float64).astype(np.float32).view(np.uint32)
+    bits = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    out = bits.view(np.float32).astype(np.float64)
+    return np.where(np.abs(out) < 2.0**-17, 0.0, out)
+
+
+def _exact_in_half(a) -> bool:
+    """True iff float64 ``a`` survives a round trip through bfloat16 and float16."""
+    with np.errstate(over="ignore"):
+        return bool(np.array_equal(_bf16(a), a) and np.array_equal(a.astype(np.float16).astype(np.float64), a))
+
+
 def _normal(rng, *shape, scale=1.0):
-    return rng.standard_normal(shape) * scale
+    return _bf16(rng.standard_normal(shape) * scale)
 
 
 def _keep(rng, shape, p):
@@ -204,7 +229,7 @@ def _ffn_params(rng, D, F):
 
 
 def _ln_params(rng, D):
-    return {"gamma": 1.0 + _normal(rng, D, scale=0.1), "beta": _normal(rng, D, scale=0.1)}
+    return {"gamma": _bf16(1.0 + _normal(rng, D, scale=0.1)), "beta": _normal(rng, D, scale=0.1)}
 
 
 def _layer_params(rng, D, F):
@@ -214,6 +239,62 @@ def _layer_params(rng, D, F):
         "norm1": _ln_params(rng, D),
         "norm2": _ln_params(rng, D),
     }
+
+
+def _relu_margin(z, ffn, margin=0.05):
+    """Nudge ``ffn["b_1"]`` so that no relu input ``z @ w_1 + b_1`` lies within
+    ``margin`` of the kink at 0.
+
+    The relu derivative jumps at 0: an input a rounding error away from it
+    flips the gradient of a whole row of ``w_1`` in bfloat16, which is a
+    property of the draw, not of the backend. The nudge per hidden unit is
+    the smallest of ``k/256``, ``|k| <= 64``, that clears the margin. (Like
+    ``_with_gap``, this keeps the case well-conditioned.)
+    """
+    base = (z @ ffn["w_1"]).reshape(-1, ffn["w_1"].shape[1])  # (N, F), bias excluded
+    b = ffn["b_1"].copy()
+    for j in range(b.shape[0]):
+        for delta in sorted(np.arange(-64, 65) / 256.0, key=abs):
+            candidate = _bf16(b[j] + delta)
+            if np.min(np.abs(base[:, j] + candidate)) >= margin:
+                b[j] = candidate
+                break
+        else:
+            raise RuntimeError("no relu margin within reach")
+    ffn["b_1"] = b
+
+
+def _ffn_input(x, p, kw, masks):
+    """The input of the feed-forward block of one encoder layer (float64 forward)."""
+    import numpy_ref as nr
+
+    masks, dp, eps = masks or {}, kw["dropout_p"], kw["eps"]
+
+    def attn(y):
+        a, _ = nr.multi_head_attention(y, y, y, p["self_attn"], kw["num_heads"], mask=kw["mask"],
+                                       dropout_p=dp, dropout_mask=masks.get("attention"))
+        return nr.dropout(a, dp, masks.get("residual_attn"))
+
+    if kw["norm_first"]:
+        return nr.layer_norm(x + attn(nr.layer_norm(x, p["norm1"], eps)), p["norm2"], eps)
+    return nr.layer_norm(x + attn(x), p["norm1"], eps)
+
+
+def _encoder_relu_margin(kw):
+    """``_relu_margin`` for every layer of an encoder (layer) case, in order."""
+    import numpy_ref as nr
+
+    if kw["activation"] != "relu":
+        return kw
+    stack = "layers" in kw["params"]
+    layers = kw["params"]["layers"] if stack else [kw["params"]]
+    masks = kw["dropout_masks"] if stack else [kw["dropout_masks"]]
+    x = kw["x"]
+    for p, m in zip(layers, masks or [None] * len(layers)):
+        _relu_margin(_ffn_input(x, p, kw, m), p["ffn"])
+        config = {k: kw[k] for k in ("num_heads", "mask", "norm_first", "activation", "eps", "dropout_p")}
+        x = nr.encoder_layer(x, p, **config, dropout_masks=m)
+    return kw
 
 
 # --------------------------------------------------------------------------
@@ -255,9 +336,9 @@ _case("positional/sinusoidal/d1", "sinusoidal_encoding",
 _case("positional/sinusoidal/long", "sinusoidal_encoding",
       lambda r: {"max_len": 64, "d_model": 10, "dtype": "float64"}, note="angles up to 63 rad")
 _case("positional/add/sinusoidal-table", "add_positional_encoding",
-      lambda r: {"x": _normal(r, 2, 5, 12), "table": np.array(
+      lambda r: {"x": _normal(r, 2, 5, 12), "table": _bf16(np.array(
           [[np.sin(p / 10000 ** (2 * (i // 2) / 12) + (np.pi / 2) * (i % 2)) for i in range(12)]
-           for p in range(9)])})
+           for p in range(9)]))})
 _case("positional/add/learned", "add_positional_encoding",
       lambda r: {"x": _normal(r, 2, 5, 12), "table": _normal(r, 9, 12, scale=0.02)})
 _case("positional/add/full-length", "add_positional_encoding",
@@ -381,8 +462,8 @@ _case("additive/large-scores", "additive_attention",
 def _mha(r, Lq=5, Lk=7, self_attn=False, mask="none", bias=None, dropout_p=0.0, H=3, qk_scale=1.0):
     B, D = 2, 12
     params = _mha_params(r, D)
-    params["w_q"] *= qk_scale
-    params["w_k"] *= qk_scale
+    params["w_q"] = _bf16(params["w_q"] * qk_scale)
+    params["w_k"] = _bf16(params["w_k"] * qk_scale)
     query = _normal(r, B, Lq, D)
     if self_attn:
         Lk = Lq
@@ -438,7 +519,7 @@ _case("linear/rank4", "linear",
       lambda r: {"x": _normal(r, 2, 3, 5, 6), "w": _normal(r, 6, 9), "b": _normal(r, 9)})
 
 _case("layer_norm/default", "layer_norm",
-      lambda r: {"x": _normal(r, 2, 5, 12, scale=3.0) + 1.5, "params": _ln_params(r, 12), "eps": 1e-5})
+      lambda r: {"x": _bf16(_normal(r, 2, 5, 12, scale=3.0) + 1.5), "params": _ln_params(r, 12), "eps": 1e-5})
 _case("layer_norm/eps", "layer_norm",
       lambda r: {"x": _normal(r, 2, 5, 12), "params": _ln_params(r, 12), "eps": 0.1})
 _case("layer_norm/rank2", "layer_norm",
@@ -450,10 +531,13 @@ _case("layer_norm/d1", "layer_norm",
 
 def _ffn(r, activation="relu", dropout_p=0.0, shape=(2, 5)):
     D, F = 12, 20
-    return {
+    kw = {
         "x": _normal(r, *shape, D), "params": _ffn_params(r, D, F), "activation": activation,
         "dropout_p": dropout_p, "dropout_mask": _keep(r, (*shape, F), dropout_p) if dropout_p else None,
     }
+    if activation == "relu":
+        _relu_margin(kw["x"], kw["params"])
+    return kw
 
 
 for _a in ("relu", "gelu"):
@@ -482,12 +566,12 @@ def _dropout_masks(r, B, H, L, D, F, p):
 
 def _encoder_layer(r, norm_first=False, activation="relu", mask="none", dropout_p=0.0, eps=1e-5):
     B, H, L, D, F = 2, 3, 5, 12, 20
-    return {
+    return _encoder_relu_margin({
         "x": _normal(r, B, L, D), "params": _layer_params(r, D, F), "num_heads": H,
         "mask": _attn_mask(r, mask, B, H, L, L), "norm_first": norm_first,
         "activation": activation, "eps": eps, "dropout_p": dropout_p,
         "dropout_masks": _dropout_masks(r, B, H, L, D, F, dropout_p) if dropout_p else None,
-    }
+    })
 
 
 for _nf, _norm in ((False, "post"), (True, "pre")):
@@ -511,11 +595,11 @@ def _encoder(r, num_layers=2, final_norm=True, norm_first=False, activation="rel
     if final_norm:
         params["norm"] = _ln_params(r, D)
     masks = [_dropout_masks(r, B, H, L, D, F, dropout_p) for _ in range(num_layers)] if dropout_p else None
-    return {
+    return _encoder_relu_margin({
         "x": _normal(r, B, L, D), "params": params, "num_heads": H,
         "mask": _attn_mask(r, mask, B, H, L, L), "norm_first": norm_first,
         "activation": activation, "eps": 1e-5, "dropout_p": dropout_p, "dropout_masks": masks,
-    }
+    })
 
 
 _deep = {"tolerance": "deep"}

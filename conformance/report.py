@@ -78,13 +78,15 @@ def format_table(outcomes) -> str:
         head = f"{'component':<15}{'cases':>6}" + "".join(f"  {b + ' out':>14}{b + ' grad':>14}" for b in cols)
         lines.append(head)
         for comp in _components(rows):
+            if all(o.status == "skip" for o in rows if o.component == comp):
+                continue  # no backend implements it
             cells = ""
             for b in cols:
                 sel = [o for o in rows if o.backend == b and o.component == comp]
                 cells += f"  {_cell(sel, 'out'):>14}{_cell(sel, 'grad'):>14}"
             lines.append(f"{comp:<15}{len(counts[comp]):>6}{cells}")
         lines.append("")
-    errors = [o for o in outcomes if o.dtype is None and o.case != "<setup>"]
+    errors = [o for o in outcomes if o.dtype is None and o.case != "<setup>" and o.status != "skip"]
     if errors:
         cols = list(dict.fromkeys(o.backend for o in errors))
         lines.append("error cases (exception type, message starts with the argument name): passed/ran")
@@ -92,7 +94,7 @@ def format_table(outcomes) -> str:
         for comp in _components(errors):
             cells = ""
             for b in cols:
-                sel = [o for o in errors if o.backend == b and o.component == comp and o.status != "skip"]
+                sel = [o for o in errors if o.backend == b and o.component == comp]
                 ok = sum(o.status == "pass" for o in sel)
                 text = f"{ok}/{len(sel)}" if sel else "-"
                 cells += f"  {('FAIL ' if ok < len(sel) else '') + text:>14}"

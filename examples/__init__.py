@@ -1,0 +1,1 @@
+"""Examples: a third-party backend certified by the conformance suite."""

@@ -1,0 +1,207 @@
+"""The runner and report: bad fixtures, bad adapters, bad backends, -k, the ratio."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conformance.__main__ import main
+from conformance.backends import Unavailable, load
+from conformance.fixtures import DEFAULT_DIR, case_file
+from conformance.runner import matches
+from conformance.tolerances import error_ratio
+
+ROOT = Path(__file__).resolve().parents[2]
+BROKEN = "tests.conformance.broken_backend"
+SELECT = "sdpa/cross or mha/cross"  # holds both TARGET cases of broken_backend
+
+
+@pytest.fixture
+def fixtures_copy(tmp_path):
+    """A private copy of the committed fixtures to damage."""
+    target = tmp_path / "fixtures"
+    shutil.copytree(DEFAULT_DIR, target)
+    return target
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _count(out, backend, word):
+    line = next(l for l in out.splitlines() if l.startswith(f"{backend}: "))
+    return int(line.split(f" {word}")[0].split()[-1])
+
+
+# --------------------------------------------------------------------------
+# the comparison
+
+
+def test_ratio_is_worst_elementwise_error_over_tolerance():
+    want = np.array([1.0, -2.0, 0.0])
+    got = np.array([1.0, -2.0 - 3e-4, 1e-6])
+    ratio, where = error_ratio(got, want, rtol=1e-4, atol=1e-5)
+    assert ratio == pytest.approx(3e-4 / (1e-5 + 2e-4))
+    assert "(1,)" in where
+
+
+def test_ratio_needs_infinities_matched_exactly_and_rejects_nan():
+    want = np.array([0.0, -np.inf])
+    assert error_ratio(np.array([0.0, -np.inf]), want, 1e-4, 1e-5)[0] == 0.0
+    assert error_ratio(np.array([0.0, 0.0]), want, 1e-4, 1e-5)[0] == np.inf
+    assert error_ratio(np.array([np.nan, -np.inf]), want, 1e-4, 1e-5)[0] == np.inf
+
+
+def test_ratio_of_masks_is_exact_match():
+    want = np.array([True, False, True])
+    assert error_ratio(want.copy(), want, 1e-4, 1e-5)[0] == 0.0
+    ratio, where = error_ratio(np.array([True, True, True]), want, 1e-4, 1e-5)
+    assert ratio == np.inf and "1 of 3" in where
+
+
+@pytest.mark.parametrize(
+    ("expr", "name", "expected"),
+    [
+        ("mha", "mha/cross/causal", True),
+        ("mha and not cross", "mha/cross/causal", False),
+        ("sdpa or mha", "mha/self/none", True),
+        ("(sdpa or mha) and causal", "sdpa/cross/none", False),
+    ],
+)
+def test_k_expression_selects_like_pytest(expr, name, expected):
+    assert matches(expr, name) is expected
+
+
+# --------------------------------------------------------------------------
+# bad fixtures
+
+
+def test_corrupt_fixture_file_fails_that_case_only(capsys, fixtures_copy):
+    (fixtures_copy / case_file("sdpa/cross/none")).write_bytes(b"not a zip file")
+    code, out, _ = _run(capsys, "--backend", "numpy", "--fixtures", str(fixtures_copy), "-k", "sdpa/cross")
+    assert code == 1
+    assert "FAIL fixture sdpa/cross/none:" in out and "sha256" in out
+    assert _count(out, "numpy", "passed") > 0 and _count(out, "numpy", "failed") == 0
+
+
+def test_unreadable_npz_with_matching_sha256_is_reported(capsys, fixtures_copy):
+    name = "sdpa/cross/causal"
+    garbage = b"PK\x03\x04 truncated"
+    (fixtures_copy / case_file(name)).write_bytes(garbage)
+    manifest = json.loads((fixtures_copy / "manifest.json").read_text())
+    import hashlib
+
+    for entry in manifest["cases"]:
+        if entry["name"] == name:
+            entry["sha256"] = hashlib.sha256(garbage).hexdigest()
+    (fixtures_copy / "manifest.json").write_text(json.dumps(manifest))
+    code, out, _ = _run(capsys, "--backend", "numpy", "--fixtures", str(fixtures_copy), "-k", "sdpa/cross")
+    assert code == 1
+    assert f"FAIL fixture {name}:" in out and "not a readable .npz" in out
+
+
+def test_manifest_of_newer_spec_is_refused(capsys, fixtures_copy):
+    manifest = json.loads((fixtures_copy / "manifest.json").read_text())
+    manifest["spec_version"] = "99.0"
+    (fixtures_copy / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = _run(capsys, "--backend", "numpy", "--fixtures", str(fixtures_copy))
+    assert code != 0
+    assert "spec 99.0" in err and "newer" in err
+
+
+# --------------------------------------------------------------------------
+# bad adapters: each names the case and the problem, the rest still runs
+
+
+@pytest.mark.parametrize(
+    ("cls", "problem"),
+    [
+        ("BrokenBackend", "output out: error ratio"),
+        ("WrongShapeBackend", "output out: shape"),
+        ("IntegerBackend", "output out: dtype int64, expected a floating dtype"),
+        ("MissingGradBackend", "missing"),
+        ("RaisingBackend", "run raised RuntimeError: kernel exploded"),
+    ],
+)
+def test_bad_adapter_fails_the_case_by_name(capsys, cls, problem):
+    code, out, _ = _run(capsys, "--backend", f"{BROKEN}:{cls}", "--dtype", "float64", "-k", SELECT)
+    assert code == 1
+    failing = [line for line in out.splitlines() if line.startswith("FAIL ")]
+    assert failing, out
+    for line in failing:
+        assert problem in line
+        assert "sdpa/cross/padding:" in line or "mha/cross/causal:" in line
+    assert _count(out, load(f"{BROKEN}:{cls}").name, "failed") == 2
+    assert _count(out, load(f"{BROKEN}:{cls}").name, "passed") > 10
+
+
+def test_backend_that_cannot_be_imported_fails_but_others_run(capsys):
+    code, out, _ = _run(capsys, "--backend", "numpy", "--backend", "no_such_pkg.kernels:Fast", "-k", "linear")
+    assert code == 1
+    assert "no_such_pkg.kernels" in out and "cannot import" in out
+    assert _count(out, "numpy", "passed") > 0
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ("no_such_backend", "unknown backend"),
+        (f"{BROKEN}:Missing", "has no attribute 'Missing'"),
+        (f"{BROKEN}:NotABackend", "not a subclass"),
+    ],
+)
+def test_unloadable_backend_has_a_one_line_reason(spec, reason):
+    with pytest.raises(Unavailable, match=reason) as info:
+        load(spec)
+    assert "\n" not in str(info.value)
+
+
+def test_broken_adapter_exits_nonzero_from_the_command_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "conformance", "--backend", f"{BROKEN}:BrokenBackend", "-k", "mha/cross"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 1
+    assert "FAIL broken float64 mha/cross/causal: output out: error ratio" in proc.stdout
+    assert "[broken float32]" in proc.stderr  # the progress line
+
+
+# --------------------------------------------------------------------------
+# the third-party example and the report
+
+
+def test_example_third_party_backend_passes_the_sdpa_cases(capsys, tmp_path):
+    report = tmp_path / "report.json"
+    code, out, _ = _run(capsys, "--backend", "examples.my_attention_backend:MyBackend", "--json", str(report))
+    assert code == 0, out
+    data = json.loads(report.read_text())
+    ran = [r for r in data["results"] if r["status"] == "pass"]
+    assert ran and {r["component"] for r in ran} == {"sdpa"}
+    assert {r["dtype"] for r in ran} == {"float64", "float32"}
+    assert data["passed"] is True
+
+
+def test_table_shows_worst_ratio_per_component_for_outputs_and_gradients(capsys):
+    code, out, err = _run(capsys, "--backend", "numpy", "-k", "layer_norm or dropout")
+    assert code == 0
+    assert "numpy out" in out and "numpy grad" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("layer_norm ")]
+    assert len(rows) == 3  # float64, float32, error cases
+    assert rows[0][1] == rows[1][1] == "4"  # value cases
+    assert all(float(x) <= 1 for x in rows[1][2:4])  # out, grad ratios
+    assert rows[2][1] == "2/2"
+    assert "[numpy float64]" in err
+
+
+def test_list_names_cases_and_backends(capsys):
+    code, out, _ = _run(capsys, "--list", "--backend", "numpy", "-k", "encoder/")
+    assert code == 0
+    assert "encoder/post/final-norm" in out and "deep" in out
+    assert "backend numpy: available" in out
