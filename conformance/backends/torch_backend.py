@@ -26,7 +26,7 @@ __all__ = ["TorchBackend", "TorchFusedBackend"]
 
 class TorchBackend(Backend):
     name = "torch"
-    requires = ("torch", "torch_impl")
+    requires = ("torch",)
     dtypes = ("float64", "float32", "bfloat16")
 
     #: extra keyword arguments for every call (the fused subclass adds need_weights=False)
