@@ -1,0 +1,163 @@
+"""Shared pieces of the jax_impl tests: numpy -> JAX trees, a ``jax.vjp``
+shaped like numpy_ref's ``*_backward``, and the static arguments of every
+public function (for ``jax.jit(f, static_argnames=...)``).
+
+float64 is switched on for the whole session by ``tests/conftest.py``, never
+by ``jax_impl`` itself. The test modules ``pytest.importorskip("jax")``
+themselves; this file imports JAX lazily so a numpy-only install still
+collects (and skips) them.
+
+Every dimension has its own size: B=2, H=3, Dh=4, Lq=5, Dv=6, Lk=7, A=8,
+Dq=9, Dk=11, D=12, F=20.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+B, H, DH, LQ, DV, LK, A, DQ, DK = 2, 3, 4, 5, 6, 7, 8, 9, 11
+D, FF = H * DH, 20  # 12, 20
+
+#: configuration arguments: Python values, static under ``jax.jit``
+STATIC = {
+    "padding_mask": ("max_len", "pad_id"),
+    "causal_mask": ("Lq", "Lk"),
+    "combine_masks": (),
+    "mask_to_bias": ("dtype",),
+    "sinusoidal_encoding": ("max_len", "d_model", "dtype"),
+    "add_positional_encoding": (),
+    "init_learned_positional_embedding": ("max_len", "d_model", "dtype"),
+    "softmax": ("axis",),
+    "scaled_dot_product_attention": ("scale", "dropout_p"),
+    "additive_attention": (),
+    "multi_head_attention": ("num_heads", "dropout_p"),
+    "init_multi_head_attention": ("d_model", "dtype"),
+    "init_additive_attention": ("d_query", "d_key", "d_attn", "dtype"),
+    "linear": (),
+    "layer_norm": ("eps",),
+    "feed_forward": ("activation", "dropout_p"),
+    "dropout": ("p",),
+    "init_layer_norm": ("d_model", "dtype"),
+    "init_feed_forward": ("d_model", "d_ff", "dtype"),
+    "encoder_layer": ("num_heads", "norm_first", "activation", "eps", "dropout_p"),
+    "encoder": ("num_heads", "norm_first", "activation", "eps", "dropout_p"),
+    "init_encoder_layer": ("d_model", "d_ff", "dtype"),
+    "init_encoder": ("num_layers", "d_model", "d_ff", "final_norm", "dtype"),
+}
+
+
+@pytest.fixture
+def rng(request):
+    """A numpy generator seeded by the test's own name (stable, distinct per test)."""
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+def flatten(tree, prefix=""):
+    """Nested dicts/lists -> ``{"params.layers.0.ffn.w_1": leaf}``."""
+    if isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, (list, tuple)):
+        items = ((str(i), v) for i, v in enumerate(tree))
+    else:
+        return {prefix: tree}
+    out = {}
+    for key, value in items:
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def tree_map(fn, tree):
+    """``fn`` on every leaf that is not a dict/list (None and scalars included)."""
+    if isinstance(tree, dict):
+        return {k: tree_map(fn, v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [tree_map(fn, v) for v in tree]
+    return fn(tree)
+
+
+def to_jax(tree, dtype=None):
+    """numpy leaves -> JAX arrays; float leaves cast to ``dtype`` (default: kept)."""
+    import jax.numpy as jnp
+
+    def convert(a):
+        if not isinstance(a, np.ndarray):
+            return a
+        return jnp.asarray(a, dtype=dtype if dtype is not None and a.dtype.kind == "f" else None)
+
+    return tree_map(convert, tree)
+
+
+def to_numpy(tree):
+    """JAX leaves -> float64 (or bool/int) numpy arrays; other leaves unchanged."""
+    def convert(a):
+        if isinstance(a, tuple):
+            return tuple(to_numpy(x) for x in a)
+        if not hasattr(a, "dtype"):
+            return a
+        a = np.asarray(a)
+        return a if a.dtype.kind in "biu" else a.astype(np.float64)
+
+    return tree_map(convert, tree)
+
+
+def float_paths(kwargs):
+    """Dotted names of the float array leaves: what a backward differentiates."""
+    return [k for k, v in flatten(kwargs).items() if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
+
+
+def set_path(tree, path, value):
+    """A copy of ``tree`` with the leaf at dotted ``path`` replaced (lists too)."""
+    head, _, rest = path.partition(".")
+    if isinstance(tree, list):
+        i = int(head)
+        return [*tree[:i], value if not rest else set_path(tree[i], rest, value), *tree[i + 1:]]
+    return {**tree, head: value if not rest else set_path(tree[head], rest, value)}
+
+
+def jax_vjp(fn, kwargs, cotangents, wrt=None):
+    """``fn(**kwargs)`` and the vjp of ``cotangents`` w.r.t. the float leaves.
+
+    ``cotangents`` is one array, or a tuple matching a tuple output (None
+    entries count as zeros). Returns ``(outputs, {dotted name: gradient})``
+    as numpy, the layout of numpy_ref's flattened ``*_backward``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    wrt = float_paths(kwargs) if wrt is None else wrt
+    kwargs = to_jax(kwargs)
+    diff = {p: flatten(kwargs)[p] for p in wrt}
+
+    def f(diff):
+        kw = kwargs
+        for path, value in diff.items():
+            kw = set_path(kw, path, value)
+        return fn(**kw)
+
+    out, vjp = jax.vjp(f, diff)
+    if isinstance(out, tuple):
+        cts = tuple(jnp.zeros_like(o) if c is None else jnp.asarray(c, o.dtype)
+                    for o, c in zip(out, cotangents))
+    else:
+        cts = jnp.asarray(cotangents, out.dtype)
+    (grads,) = vjp(cts)
+    return to_numpy(out), to_numpy(grads)
+
+
+_JITTED = {}
+
+
+def jitted(name):
+    """``jax.jit(jax_impl.<name>, static_argnames=STATIC[name])``, built once per
+    session and shared by every test, so a shape compiles once."""
+    if name not in _JITTED:
+        import jax
+
+        import jax_impl
+        from jax_impl import interop
+
+        fn = getattr(jax_impl, name, None) or getattr(interop, name)
+        _JITTED[name] = jax.jit(fn, static_argnames=STATIC.get(name, ()))
+    return _JITTED[name]

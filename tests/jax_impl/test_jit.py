@@ -1,0 +1,204 @@
+"""jax_impl under the JAX transformations: jit, retracing, vmap.
+
+Every public function runs under ``jax.jit`` with its configuration static
+(``conftest.STATIC``) and agrees with its eager call; changing only array
+*values* never retraces; ``vmap`` over an extra leading axis equals the
+stacked per-slice calls.
+"""
+import importlib
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import jax_impl as ji  # noqa: E402
+import numpy_ref as nr  # noqa: E402
+from jax_impl import interop  # noqa: E402
+from numpy_ref import interop as nr_interop  # noqa: E402
+
+from .conftest import B, D, DH, DK, DQ, DV, FF, H, LK, LQ, A, STATIC, jitted, to_jax, to_numpy  # noqa: E402
+
+TOL = dict(rtol=1e-12, atol=1e-13)  # the same float64 program, fused or not
+TOL32 = dict(rtol=1e-6, atol=1e-7)  # the float32 initialisers: one ulp from fusion
+
+
+def _n(rng, *shape):
+    return rng.normal(size=shape)
+
+
+def _pad(lengths, Lk=LK):
+    return (np.arange(Lk) < np.asarray(lengths)[:, None])[:, None, None, :]
+
+
+def _layer(rng):
+    return {"self_attn": nr.init_multi_head_attention(rng, D), "ffn": nr.init_feed_forward(rng, D, FF),
+            "norm1": nr.init_layer_norm(D), "norm2": nr.init_layer_norm(D)}
+
+
+def _calls(rng):
+    """name -> (positional args, keyword args), numpy leaves; one call per public function."""
+    causal = np.tril(np.ones((LQ, LK), bool))
+    mha = nr.init_multi_head_attention(rng, D)
+    layer = _layer(rng)
+    key = jax.random.key(0)
+    return {
+        "padding_mask": ((), {"lengths": np.array([3, 7]), "max_len": LK}),
+        "causal_mask": ((), {"Lq": LQ, "Lk": LK}),
+        "combine_masks": ((_pad([3, 7]), None, causal), {}),
+        "mask_to_bias": ((), {"mask": causal, "dtype": jnp.float64}),
+        "sinusoidal_encoding": ((), {"max_len": LK, "d_model": 11, "dtype": jnp.float64}),
+        "add_positional_encoding": ((), {"x": _n(rng, B, LQ, D), "table": _n(rng, LK, D)}),
+        "init_learned_positional_embedding": ((key,), {"max_len": LK, "d_model": D}),
+        "softmax": ((), {"x": _n(rng, B, H, LQ, LK), "axis": -2, "mask": causal}),
+        "scaled_dot_product_attention": ((), {
+            "q": _n(rng, B, H, LQ, DH), "k": _n(rng, B, H, LK, DH), "v": _n(rng, B, H, LK, DV),
+            "mask": _pad([0, 7]) & causal, "bias": _n(rng, H, LQ, LK), "scale": 0.3,
+            "dropout_p": 0.2, "rng": key}),
+        "additive_attention": ((), {"query": _n(rng, B, LQ, DQ), "keys": _n(rng, B, LK, DK),
+                                    "params": nr.init_additive_attention(rng, DQ, DK, A),
+                                    "mask": _pad([2, 7])}),
+        "multi_head_attention": ((), {
+            "query": _n(rng, B, LQ, D), "key": _n(rng, B, LK, D), "value": _n(rng, B, LK, D),
+            "params": mha, "num_heads": H, "mask": _pad([3, 7]), "dropout_p": 0.1, "rng": key}),
+        "init_multi_head_attention": ((key,), {"d_model": D}),
+        "init_additive_attention": ((key,), {"d_query": DQ, "d_key": DK, "d_attn": A}),
+        "linear": ((), {"x": _n(rng, B, LQ, DQ), "w": _n(rng, DQ, DK), "b": _n(rng, DK)}),
+        "layer_norm": ((), {"x": _n(rng, B, LQ, D), "params": nr.init_layer_norm(D), "eps": 1e-3}),
+        "feed_forward": ((), {"x": _n(rng, B, LQ, D), "params": nr.init_feed_forward(rng, D, FF),
+                              "activation": "gelu", "dropout_p": 0.3, "rng": key}),
+        "dropout": ((), {"x": _n(rng, B, LQ, D), "p": 0.5, "rng": key}),
+        "init_layer_norm": ((), {"d_model": D}),
+        "init_feed_forward": ((key,), {"d_model": D, "d_ff": FF}),
+        "encoder_layer": ((), {"x": _n(rng, B, LQ, D), "params": layer, "num_heads": H,
+                               "mask": _pad([2, 5], LQ), "norm_first": True, "activation": "gelu",
+                               "dropout_p": 0.1, "rng": key}),
+        "encoder": ((), {"x": _n(rng, B, LQ, D), "params": {"layers": [layer, layer]},
+                         "num_heads": H, "mask": _pad([2, 5], LQ)}),
+        "init_encoder_layer": ((key,), {"d_model": D, "d_ff": FF}),
+        "init_encoder": ((key,), {"num_layers": 2, "d_model": D, "d_ff": FF, "final_norm": True}),
+        "mha_params_to_torch": ((mha,), {}),
+        "mha_params_from_torch": ((nr_interop.mha_params_to_torch(mha),), {}),
+        "encoder_layer_params_to_torch": ((layer,), {}),
+        "encoder_layer_params_from_torch": ((nr_interop.encoder_layer_params_to_torch(layer),), {}),
+        "mask_from_torch": ((), {"attn_mask": ~causal, "key_padding_mask": ~_pad([3, 7])[:, 0, 0]}),
+        "mask_to_torch": ((_pad([3, 7]),), {}),
+        "heads_to_blhd": ((_n(rng, B, H, LQ, DH),), {}),
+        "heads_from_blhd": ((_n(rng, B, LQ, H, DH),), {}),
+    }
+
+
+MODULES = ("masks", "positional", "attention", "layers", "encoder")
+PUBLIC = sorted(
+    [name for m in MODULES for name in importlib.import_module(f"jax_impl.{m}").__all__]
+    + list(interop.__all__)
+)
+
+
+def test_every_public_function_has_a_jit_call_and_static_arguments():
+    calls = _calls(np.random.default_rng(0))
+    assert sorted(calls) == PUBLIC
+    assert set(PUBLIC) - set(interop.__all__) == set(STATIC)
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_jitted_and_eager_results_agree(name, rng):
+    args, kwargs = _calls(rng)[name]
+    args, kwargs = to_jax(list(args)), to_jax(kwargs)
+    fn = getattr(ji, name, None) or getattr(interop, name)
+    eager = fn(*args, **kwargs)
+    compiled = jitted(name)(*args, **kwargs)
+    eager, compiled = jax.tree.leaves(eager), jax.tree.leaves(compiled)
+    assert len(eager) == len(compiled) > 0
+    for e, c in zip(eager, compiled):
+        assert e.shape == c.shape and e.dtype == c.dtype
+        np.testing.assert_allclose(to_numpy(c), to_numpy(e), **(TOL32 if e.dtype == jnp.float32 else TOL))
+
+
+# --------------------------------------------------------------------------
+# no retracing when only values change
+
+
+def _count_traces(fn, static_argnames):
+    """A jitted ``fn`` and a list whose length is the number of traces."""
+    traces = []
+
+    def counted(*args, **kwargs):
+        traces.append(1)  # runs only while tracing
+        return fn(*args, **kwargs)
+
+    return jax.jit(counted, static_argnames=static_argnames), traces
+
+
+def test_multi_head_attention_traces_once_for_new_values_and_again_for_a_new_shape(rng):
+    f, traces = _count_traces(ji.multi_head_attention, ("num_heads", "dropout_p"))
+    params = to_jax(nr.init_multi_head_attention(rng, D))
+    for seed in range(3):  # new inputs, mask, params values and dropout key
+        r = np.random.default_rng(seed)
+        x = jnp.asarray(r.normal(size=(B, LQ, D)))
+        mask = jnp.asarray(r.random((B, 1, LQ, LQ)) < 0.7)
+        params = jax.tree.map(lambda p: p + 1.0, params)
+        f(x, x, x, params, num_heads=H, mask=mask, dropout_p=0.1, rng=jax.random.key(seed))
+    assert len(traces) == 1
+    x = jnp.zeros((B, LQ + 1, D))
+    f(x, x, x, params, num_heads=H, mask=jnp.ones((B, 1, LQ + 1, LQ + 1), bool),
+      dropout_p=0.1, rng=jax.random.key(0))
+    assert len(traces) == 2
+
+
+def test_encoder_layer_traces_once_for_new_values(rng):
+    f, traces = _count_traces(ji.encoder_layer, STATIC["encoder_layer"])
+    params = to_jax(_layer(rng))
+    for seed in range(3):
+        x = jnp.asarray(np.random.default_rng(seed).normal(size=(B, LQ, D)))
+        lengths = jnp.asarray([seed + 1, LQ])
+        mask = ji.padding_mask(lengths, max_len=LQ)
+        f(x, params, num_heads=H, mask=mask, norm_first=False, activation="relu")
+    assert len(traces) == 1
+
+
+def test_padding_mask_under_jit_needs_a_static_max_len_and_traces_once():
+    f, traces = _count_traces(ji.padding_mask, ("max_len",))
+    for lengths in ([1, 4], [0, 6], [6, 6]):
+        m = f(jnp.asarray(lengths), max_len=6)
+        np.testing.assert_array_equal(np.asarray(m), nr.padding_mask(np.asarray(lengths), max_len=6))
+    assert len(traces) == 1
+    with pytest.raises(ValueError, match=r"^max_len: expected a static int under jax.jit"):
+        jax.jit(ji.padding_mask)(jnp.asarray([1, 4]))
+
+
+# --------------------------------------------------------------------------
+# vmap
+
+
+def test_vmap_of_multi_head_attention_over_an_extra_leading_axis_equals_the_stack(rng):
+    E = 4  # the extra axis, e.g. an ensemble of batches
+    q, k, v = (jnp.asarray(rng.normal(size=(E, B, L, D))) for L in (LQ, LK, LK))
+    mask = jnp.asarray(rng.random((E, B, 1, LQ, LK)) < 0.7)
+    params = to_jax(nr.init_multi_head_attention(rng, D))
+
+    def mha(q, k, v, mask):
+        return ji.multi_head_attention(q, k, v, params, H, mask=mask)
+
+    out, weights = jax.vmap(mha)(q, k, v, mask)
+    for e in range(E):
+        want_out, want_weights = mha(q[e], k[e], v[e], mask[e])
+        np.testing.assert_allclose(np.asarray(out[e]), np.asarray(want_out), **TOL)
+        np.testing.assert_allclose(np.asarray(weights[e]), np.asarray(want_weights), **TOL)
+
+
+def test_vmap_of_sdpa_over_the_batch_equals_the_batched_call_with_gradients(rng):
+    q, k, v = (jnp.asarray(rng.normal(size=(B, H, L, d))) for L, d in ((LQ, DH), (LK, DH), (LK, DV)))
+    mask = jnp.asarray(_pad([0, 5]) & np.tril(np.ones((LQ, LK), bool)))  # batch 0 fully masked
+
+    def loss(sdpa, q, k, v):
+        out, w = sdpa(q, k, v, mask)
+        return jnp.sum(out ** 2) + jnp.sum(w * jnp.arange(LK))
+
+    per_example = jax.vmap(ji.scaled_dot_product_attention)  # each slice is rank 3: (H, L, Dh)
+    for a, b in zip(jax.value_and_grad(lambda *t: loss(per_example, *t), argnums=(0, 1, 2))(q, k, v),
+                    jax.value_and_grad(lambda *t: loss(ji.scaled_dot_product_attention, *t),
+                                       argnums=(0, 1, 2))(q, k, v)):
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), **TOL)
