@@ -75,7 +75,8 @@ def format_table(outcomes) -> str:
         for o in rows:
             counts[o.component].add(o.case)
         lines.append(_dtype_header(dtype))
-        head = f"{'component':<15}{'cases':>6}" + "".join(f"  {b + ' out':>14}{b + ' grad':>14}" for b in cols)
+        width = max([14] + [len(b) + 6 for b in cols])
+        head = f"{'component':<15}{'cases':>6}" + "".join(f"  {b + ' out':>{width}}{b + ' grad':>{width}}" for b in cols)
         lines.append(head)
         for comp in _components(rows):
             if all(o.status == "skip" for o in rows if o.component == comp):
@@ -83,7 +84,7 @@ def format_table(outcomes) -> str:
             cells = ""
             for b in cols:
                 sel = [o for o in rows if o.backend == b and o.component == comp]
-                cells += f"  {_cell(sel, 'out'):>14}{_cell(sel, 'grad'):>14}"
+                cells += f"  {_cell(sel, 'out'):>{width}}{_cell(sel, 'grad'):>{width}}"
             lines.append(f"{comp:<15}{len(counts[comp]):>6}{cells}")
         lines.append("")
     errors = [o for o in outcomes if o.dtype is None and o.case != "<setup>" and o.status != "skip"]

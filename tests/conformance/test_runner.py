@@ -203,5 +203,5 @@ def test_table_shows_worst_ratio_per_component_for_outputs_and_gradients(capsys)
 def test_list_names_cases_and_backends(capsys):
     code, out, _ = _run(capsys, "--list", "--backend", "numpy", "-k", "encoder/")
     assert code == 0
-    assert "encoder/post/final-norm" in out and "deep" in out
+    assert "encoder/post/final-norm" in out and "default" in out
     assert "backend numpy: available" in out
