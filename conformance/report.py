@@ -27,9 +27,8 @@ class Progress:
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.start = {}
-        self.failed = defaultdict(int)
 
-    def __call__(self, backend, dtype, done, total, case, failed=False):
+    def __call__(self, backend, dtype, done, total, case):
         key = (backend, dtype)
         self.start.setdefault(key, time.perf_counter())
         if case is None:

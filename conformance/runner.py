@@ -85,6 +85,11 @@ def load_all(directory: Path | str = DEFAULT_DIR, select: str | None = None):
 # judging one case
 
 
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
 def _as_array(value, what: str, outcome: Outcome):
     try:
         return np.asarray(value)
@@ -134,7 +139,7 @@ def check_case(backend: Backend, fixture: Fixture, dtype: str) -> Outcome:
             return outcome
         result = backend.run(call, dtype)
     except Exception as exc:
-        outcome.fail(f"run raised {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+        outcome.fail(f"run raised {_one_line(exc)}")
         return outcome
     finally:
         outcome.seconds = time.perf_counter() - start
@@ -215,7 +220,7 @@ def run(
             backend.setup(device)
         except Exception as exc:
             o = Outcome(backend.name, None, "<setup>", "setup")
-            o.fail(f"setup(device={device!r}) raised {type(exc).__name__}: {exc}")
+            o.fail(f"setup(device={device!r}) raised {_one_line(exc)}")
             outcomes.append(o)
             continue
         passes = [d for d in backend.dtypes if wanted is None or d in wanted]
