@@ -205,3 +205,13 @@ def test_list_names_cases_and_backends(capsys):
     assert code == 0
     assert "encoder/post/final-norm" in out and "default" in out
     assert "backend numpy: available" in out
+
+
+def test_bench_without_its_module_says_so(capsys, monkeypatch):
+    import conformance
+
+    monkeypatch.delattr(conformance, "bench", raising=False)
+    monkeypatch.setitem(sys.modules, "conformance.bench", None)  # as if bench.py were absent
+    code, _, err = _run(capsys, "bench", "--quick")
+    assert code == 2
+    assert "conformance/bench.py" in err
