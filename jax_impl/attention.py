@@ -1,22 +1,26 @@
 """Attention in JAX: softmax, scaled dot-product, additive (Bahdanau) and
-multi-head attention. The mirror of ``numpy_ref.attention`` without the
-``*_backward`` functions: ``jax.vjp`` / ``jax.grad`` give the gradients.
+multi-head attention. The mirror of ``numpy_ref/attention.py``; gradients
+come from ``jax.vjp`` / ``jax.grad``, so there are no ``*_backward`` functions.
 
 Shape legend: ``B`` batch, ``H`` heads, ``Lq`` query length, ``Lk`` key/value
 length, ``D`` model width, ``Dh = D / H``, ``Dk``/``Dv`` key/value widths,
 ``Dq`` additive-attention query width, ``A`` additive-attention width.
 
-Masks are boolean, ``True`` = may attend. Masking is *selection* (``jnp.where``),
-never ``-1e9`` arithmetic: a score that is masked or equal to ``-inf`` is left
-out of the softmax, so a fully masked row gets weights 0, output 0 and
-gradient 0 instead of a uniform average over padding (the ``-1e9`` tutorial
-version, and ``jax.nn.dot_product_attention``) or ``0 / 0 = NaN``. Every
-``where`` has a finite unselected branch, so no NaN leaks into a gradient.
+Masks are boolean, ``True`` = may attend. Masking is *selection*
+(``jnp.where``), never ``-1e9`` arithmetic: a score that is masked or equal
+to ``-inf`` is left out of the softmax, so a fully masked row gets weights 0,
+output 0 and gradient 0 instead of a uniform average over padding (the
+``-1e9`` tutorial version, and ``jax.nn.dot_product_attention``'s finite
+fill) or ``0 / 0 = NaN``. The gradient of ``where`` multiplies the
+unselected branch by 0, and ``0 * inf = NaN``, so that branch must stay
+finite too: masked scores are replaced before ``exp`` (no ``exp(-inf -
+-inf)``) and an empty row's denominator is 1 (no ``0 / 0``).
 
 Pure and ``jit``-compatible. Static under ``jax.jit``: ``axis``, ``scale``,
-``num_heads``, ``dropout_p``; ``rng`` is a JAX PRNG key (an array).
-float16/bfloat16 inputs compute scores, softmax and the weighted sum in
-float32 and cast the results back.
+``num_heads``, ``dropout_p``; ``rng`` is a JAX PRNG key (an array; JAX has
+no global generator, so ``dropout_p > 0`` needs it or an explicit
+``dropout_mask``). float16/bfloat16 compute scores and softmax in float32
+and cast the weights back before ``@ v``.
 """
 from __future__ import annotations
 
@@ -63,10 +67,11 @@ def softmax(x, axis=-1, mask=None):
     ``p = exp(x - max_valid(x)) / sum_valid(exp(x - max_valid(x)))`` over
     ``axis``, where an entry is *valid* iff ``mask`` is True there and
     ``x != -inf``. Invalid entries get 0; a row without valid entries is all 0
-    (not NaN, not uniform), and so is its gradient.
+    (not NaN, not uniform), and so is its gradient. float16/bfloat16 inputs
+    are computed in float32 and cast back.
 
     Args:
-      x: float array of any shape; float16/bfloat16 run in float32.
+      x: float array of any shape.
       axis: the axis to normalise over (static).
       mask: optional bool array broadcastable to ``x.shape`` (True = keep).
 
@@ -74,7 +79,7 @@ def softmax(x, axis=-1, mask=None):
       ``p``, same shape and dtype as ``x``; rows sum to 1 or to 0.
     """
     _check_softmax(x, mask)
-    return _masked_softmax(x.astype(_compute_dtype(x)), mask, axis).astype(x.dtype)
+    return _masked_softmax(_upcast(x), mask, axis).astype(x.dtype)
 
 
 def _masked_softmax(x, mask, axis):
@@ -126,17 +131,15 @@ def scaled_dot_product_attention(
       the softmax *before* dropout; a fully masked row gives 0 in both.
     """
     _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask)
-    dtype, compute = q.dtype, _compute_dtype(q)
-    q, k, v = q.astype(compute), k.astype(compute), v.astype(compute)
     scale = _scale(q, scale)
-    scores = q @ jnp.swapaxes(k, -1, -2) * scale  # (*batch, Lq, Lk)
+    # scores and softmax in float32 for half inputs
+    scores = _upcast(q) @ jnp.swapaxes(_upcast(k), -1, -2) * scale  # (*batch, Lq, Lk)
     if bias is not None:
-        scores = scores + bias.astype(compute)  # (*batch, Lq, Lk)
-    weights = _masked_softmax(scores, mask, -1)  # (*batch, Lq, Lk)
+        scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
+    weights = _masked_softmax(scores, mask, -1).astype(q.dtype)  # (*batch, Lq, Lk)
     keep = _keep_mask(dropout_p, dropout_mask, rng, weights.shape)
     dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
-    out = dropped @ v  # (*batch, Lq, Dv)
-    return out.astype(dtype), weights.astype(dtype)  # (*batch, Lq, Dv), (*batch, Lq, Lk)
+    return dropped @ v, weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
 
 
 # --------------------------------------------------------------------------
@@ -149,7 +152,8 @@ def additive_attention(query, keys, params, mask=None):
 
     ``e[b, i, j] = v · tanh(keys[b, j] @ w_1 + query[b, i] @ w_2)``,
     ``weights = softmax(e, mask)`` over ``j``, ``context = weights @ keys``.
-    The keys are also the values, as in the paper.
+    The keys are also the values, as in the paper. float16/bfloat16 compute
+    the softmax in float32.
 
     Args:
       query: ``(B, Lq, Dq)`` decoder states.
@@ -163,14 +167,10 @@ def additive_attention(query, keys, params, mask=None):
       ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
     """
     mask = _check_additive(query, keys, params, mask)
-    dtype, compute = query.dtype, _compute_dtype(query)
-    query, keys = query.astype(compute), keys.astype(compute)
-    params = {n: params[n].astype(compute) for n in _ADDITIVE_KEYS}
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
     e = t @ params["v"]  # (B, Lq, Lk)
-    weights = _masked_softmax(e, mask, -1)  # (B, Lq, Lk)
-    context = weights @ keys  # (B, Lq, Dk)
-    return context.astype(dtype), weights.astype(dtype)  # (B, Lq, Dk), (B, Lq, Lk)
+    weights = _masked_softmax(_upcast(e), mask, -1).astype(e.dtype)  # (B, Lq, Lk)
+    return weights @ keys, weights  # (B, Lq, Dk), (B, Lq, Lk)
 
 
 def _additive_hidden(query, keys, params):
@@ -308,9 +308,9 @@ def _dropout(x, keep, dropout_p):
     return x if keep is None else x * keep / (1.0 - float(dropout_p))
 
 
-def _compute_dtype(x):
-    """float32 for float16/bfloat16 (scores and softmax never run in half)."""
-    return jnp.dtype(jnp.float32) if x.dtype in _HALF else x.dtype
+def _upcast(x):
+    """float16/bfloat16 -> float32 (scores and softmax never run in half); others unchanged."""
+    return x.astype(jnp.float32) if x.dtype in _HALF else x
 
 
 # --------------------------------------------------------------------------
