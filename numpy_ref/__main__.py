@@ -4,6 +4,10 @@ Two sequences of 10 random embeddings (``d_model = 64``), the sinusoidal
 encoding added, one post-norm encoder layer with 8 heads and ``d_ff = 128``;
 the second sequence is 7 tokens long, so a padding mask hides its last 3
 keys. Seeded, so the printout is the same on every run.
+
+``python -m torch_impl`` and ``python -m jax_impl`` run the same example on
+the same inputs and weights (``tutorial_inputs``) and print the same report,
+plus their largest difference from this one.
 """
 from __future__ import annotations
 
@@ -23,23 +27,36 @@ LENGTHS = (10, 7)
 SEED = 0
 
 
-def main() -> None:
+def tutorial_inputs():
+    """Seeded float64 ``embeddings (B, L, D)``, ``lengths (B,)`` and encoder-layer params."""
     rng = np.random.default_rng(SEED)
     embeddings = rng.standard_normal((BATCH, LENGTH, D_MODEL))  # (B, L, D)
-    x = add_positional_encoding(embeddings, sinusoidal_encoding(LENGTH, D_MODEL))  # (B, L, D)
-    mask = padding_mask(np.array(LENGTHS), max_len=LENGTH)  # (B, 1, 1, L)
     params = init_encoder_layer(rng, D_MODEL, D_FF)
+    return embeddings, np.array(LENGTHS), params
 
+
+def run(embeddings, lengths, params):
+    """The example on numpy_ref: returns ``x (B, L, D)``, ``out (B, L, D)``, ``weights (B, H, L, L)``."""
+    x = add_positional_encoding(embeddings, sinusoidal_encoding(LENGTH, D_MODEL))  # (B, L, D)
+    mask = padding_mask(lengths, max_len=LENGTH)  # (B, 1, 1, L)
     out = encoder_layer(x, params, NUM_HEADS, mask=mask)  # (B, L, D)
     # post-norm: the layer's attention reads x itself, so these are its weights
     _, weights = multi_head_attention(x, x, x, params["self_attn"], NUM_HEADS, mask=mask)  # (B, H, L, L)
+    return x, out, weights
 
-    print(f"input shape:             {x.shape}")
-    print(f"output shape:            {out.shape}")
+
+def report(x, out, weights) -> None:
+    """Print shapes and value range (numpy arrays in)."""
+    print(f"input shape:             {tuple(x.shape)}")
+    print(f"output shape:            {tuple(out.shape)}")
     print(f"output range:            min {out.min():.4f}, max {out.max():.4f}")
-    print(f"attention weights shape: {weights.shape}")
+    print(f"attention weights shape: {tuple(weights.shape)}")
     print(f"weight on padded keys:   {weights[1, :, :, LENGTHS[1]:].max():.1f} "
           f"(sequence 2 has length {LENGTHS[1]})")
+
+
+def main() -> None:
+    report(*run(*tutorial_inputs()))
 
 
 if __name__ == "__main__":
