@@ -149,9 +149,7 @@ def _split_static(kwargs):
 
 
 def _is_config(value):
-    return isinstance(value, (bool, int, float, str, np.integer, np.floating)) or (
-        hasattr(value, "kind") and hasattr(value, "itemsize") and not hasattr(value, "shape")
-    )  # a dtype
+    return isinstance(value, (bool, int, float, str, np.integer, np.floating))
 
 
 def _to_jax(tree, dtype):

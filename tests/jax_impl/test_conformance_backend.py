@@ -1,0 +1,85 @@
+"""The conformance adapter ``JaxBackend`` on hand-built Calls.
+
+The runner exercises it on the whole catalog (``python -m conformance
+--backend jax``, tests/conformance); here: gradients for exactly the names
+in ``wrt`` with the given cotangents, float64 numpy back from every dtype,
+one compiled program for two calls that differ only in values, and error
+calls raised while tracing with numpy_ref's message.
+"""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+import numpy_ref as nr  # noqa: E402
+from conformance.backends.jax_backend import JaxBackend, _jitted  # noqa: E402
+from conformance.invoke import numpy_backward  # noqa: E402
+from conformance.protocol import Call  # noqa: E402
+
+from .conftest import B, DH, DV, H, LK, LQ  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def backend():
+    b = JaxBackend()
+    b.setup("cpu")
+    return b
+
+
+def sdpa_call(seed):
+    r = np.random.default_rng(seed)
+    mask = np.tril(np.ones((LQ, LK), bool)) & (np.arange(LK) < np.array([0, 6])[:, None])[:, None, None, :]
+    kwargs = {"q": r.normal(size=(B, H, LQ, DH)), "k": r.normal(size=(B, H, LK, DH)),
+              "v": r.normal(size=(B, H, LK, DV)), "mask": mask, "bias": r.normal(size=(1, H, LQ, 1)),
+              "scale": 0.4, "dropout_p": 0.0, "dropout_mask": None}
+    cotangents = {"out": r.normal(size=(B, H, LQ, DV)), "weights": r.normal(size=(B, H, LQ, LK))}
+    return Call("sdpa/hand-built", "scaled_dot_product_attention", "attention", kwargs,
+                ("q", "k", "v", "bias"), cotangents)
+
+
+def test_float64_outputs_and_gradients_are_numpy_refs(backend):
+    call = sdpa_call(0)
+    result = backend.run(call, "float64")
+    out, weights = nr.scaled_dot_product_attention(**call.kwargs)
+    want = numpy_backward(call, call.kwargs, call.cotangents)
+    np.testing.assert_allclose(result.outputs["out"], out, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(result.outputs["weights"], weights, rtol=1e-12, atol=1e-14)
+    assert set(result.grads) == set(call.wrt)
+    for name in call.wrt:
+        np.testing.assert_allclose(result.grads[name], want[name], rtol=1e-10, atol=1e-12, err_msg=name)
+        assert result.grads[name].shape == call.kwargs[name].shape  # bias keeps (1, H, Lq, 1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_every_dtype_comes_back_as_float64_numpy(backend, dtype):
+    result = backend.run(sdpa_call(1), dtype)
+    for value in [*result.outputs.values(), *result.grads.values()]:
+        assert isinstance(value, np.ndarray) and value.dtype == np.float64
+
+
+def test_two_calls_that_differ_only_in_values_share_one_compiled_program(backend):
+    backend.run(sdpa_call(2), "float64")
+    before = _jitted()._cache_size()
+    backend.run(sdpa_call(3), "float64")
+    assert _jitted()._cache_size() == before
+
+
+def test_an_error_call_raises_numpy_refs_exception_while_tracing(backend):
+    call = sdpa_call(4)
+    call.kwargs["k"] = call.kwargs["k"].astype(np.float32)
+    call = Call("sdpa/error/hand-built", call.function, call.module, call.kwargs, expect_error="TypeError")
+    with pytest.raises(TypeError) as want:
+        nr.scaled_dot_product_attention(**call.kwargs)
+    with pytest.raises(TypeError) as got:
+        backend.run(call, None)
+    assert str(got.value) == str(want.value)
+
+
+def test_mask_constructors_run_eagerly_with_their_value_checks(backend):
+    call = Call("masks/error/hand-built", "padding_mask", "masks",
+                {"lengths": np.array([2, 9]), "max_len": 7}, expect_error="ValueError")
+    with pytest.raises(ValueError, match=r"^lengths: expected values in \[0, max_len\]"):
+        backend.run(call, None)
+    ok = Call("masks/hand-built", "padding_mask", "masks", {"lengths": np.array([2, 7]), "max_len": None})
+    np.testing.assert_array_equal(backend.run(ok, "float64").outputs["out"],
+                                  nr.padding_mask(np.array([2, 7])))
