@@ -206,6 +206,8 @@ def multi_head_attention(
 
     Returns:
       ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
+      A fully masked query row has weights 0 and a zero concat row, so its
+      ``out`` row is ``b_o``.
     """
     _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)
     # 1) project, 2) split heads
