@@ -10,6 +10,7 @@ numpy_ref's output.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from numpy_ref import __main__ as reference
@@ -23,6 +24,11 @@ from . import (
 )
 
 
+def tutorial_inputs():
+    """numpy_ref's seeded inputs and weights, as float64 jax arrays."""
+    return jax.tree.map(jnp.asarray, reference.tutorial_inputs())
+
+
 @jax.jit
 def run(embeddings, lengths, params):
     """The example on jax_impl: ``x (B, L, D)``, ``out (B, L, D)``, ``weights (B, H, L, L)``."""
@@ -34,13 +40,17 @@ def run(embeddings, lengths, params):
     return x, out, weights
 
 
+def report(x, out, weights) -> None:
+    """numpy_ref's report, plus the largest difference from numpy_ref's output."""
+    x, out, weights = (np.asarray(a) for a in (x, out, weights))
+    reference.report(x, out, weights)
+    out_ref = reference.run(*reference.tutorial_inputs())[1]
+    print(f"max |jax_impl - numpy_ref|: {np.abs(out - out_ref).max():.1e}")
+
+
 def main() -> None:
     jax.config.update("jax_enable_x64", True)
-    embeddings, lengths, params = reference.tutorial_inputs()
-    x, out, weights = (np.asarray(a) for a in run(embeddings, lengths, params))
-    out_ref = reference.run(embeddings, lengths, params)[1]
-    reference.report(x, out, weights)
-    print(f"max |jax_impl - numpy_ref|: {np.abs(out - out_ref).max():.1e}")
+    report(*run(*tutorial_inputs()))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Every check reads only ``.shape``, ``.ndim`` and ``.dtype``, which a tracer
 has, so under ``jax.jit`` the same bad call raises the same exception with
 the same message as in ``numpy_ref``, at trace time. Value checks (lengths
-within ``max_len``) can only run on concrete arrays; see ``is_concrete``.
+within ``max_len``) can only run on concrete arrays; see ``_is_concrete``.
 """
 from __future__ import annotations
 
@@ -13,20 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from numpy_ref import _checks as _core
-from numpy_ref._checks import (  # noqa: F401  (shape checks need no kind)
-    check_broadcastable,
-    check_choice,
-    check_divisible,
-    check_params,
-    check_probability,
-    check_rank,
-    check_shape,
-    shape_str,
-)
 
 __all__ = [
     "kind",
-    "is_concrete",
     "shape_str",
     "check_float",
     "check_bool",
@@ -58,12 +47,21 @@ def kind(x) -> str:
     return "other"
 
 
-def is_concrete(x) -> bool:
+def _is_concrete(x) -> bool:
     """True unless ``x`` is a tracer (inside ``jit``/``vmap``/``grad``)."""
     return not isinstance(x, jax.core.Tracer)
 
 
-check_float = functools.partial(_core.check_float, kind=kind)
-check_bool = functools.partial(_core.check_bool, kind=kind)
-check_int = functools.partial(_core.check_int, kind=kind)
-check_same_float_dtype = functools.partial(_core.check_same_float_dtype, kind=kind)
+# --- jax_impl's bindings of the shared core (as numpy_ref/_checks.py)
+shape_str = _core._shape_str
+check_float = functools.partial(_core._check_float, kind=kind)
+check_bool = functools.partial(_core._check_bool, kind=kind)
+check_int = functools.partial(_core._check_int, kind=kind)
+check_same_float_dtype = functools.partial(_core._check_same_float_dtype, kind=kind)
+check_rank = _core._check_rank
+check_shape = _core._check_shape
+check_broadcastable = _core._check_broadcastable
+check_probability = _core._check_probability
+check_divisible = _core._check_divisible
+check_choice = _core._check_choice
+check_params = _core._check_params

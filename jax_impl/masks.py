@@ -21,7 +21,7 @@ import operator
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import check_bool, check_int, check_rank, is_concrete, shape_str
+from ._checks import _is_concrete, check_bool, check_int, check_rank, shape_str
 
 __all__ = ["padding_mask", "causal_mask", "combine_masks", "mask_to_bias"]
 
@@ -31,7 +31,7 @@ def _length(n, name: str) -> int:
 
     Shapes are static under ``jit``, so a traced ``n`` is a ValueError that says so.
     """
-    if not is_concrete(n):
+    if not _is_concrete(n):
         raise ValueError(f"{name}: expected a static Python int under jax.jit, got a traced value")
     if isinstance(n, (bool, np.bool_)) or getattr(n, "dtype", None) == np.bool_:
         raise TypeError(f"{name}: expected an integer, got {type(n).__name__}")
@@ -75,14 +75,14 @@ def padding_mask(lengths=None, max_len=None, *, tokens=None, pad_id=0):
     check_int(lengths, "lengths")
     check_rank(lengths, "lengths", ("B",))
     if max_len is None:
-        if not is_concrete(lengths):
+        if not _is_concrete(lengths):
             raise ValueError(
                 "max_len: expected a static int under jax.jit (the mask's shape "
                 "depends on it), got None"
             )
         max_len = int(lengths.max()) if lengths.size else 0
     max_len = _length(max_len, "max_len")
-    if is_concrete(lengths) and lengths.size and (
+    if _is_concrete(lengths) and lengths.size and (
         int(lengths.min()) < 0 or int(lengths.max()) > max_len
     ):
         raise ValueError(

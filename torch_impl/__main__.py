@@ -28,6 +28,11 @@ def _tensors(tree):
     return torch.from_numpy(np.asarray(tree))
 
 
+def tutorial_inputs():
+    """numpy_ref's seeded inputs and weights, as float64 tensors."""
+    return tuple(_tensors(a) for a in reference.tutorial_inputs())
+
+
 def run(embeddings, lengths, params):
     """The example on torch_impl: ``x (B, L, D)``, ``out (B, L, D)``, ``weights (B, H, L, L)``."""
     L, D, H = reference.LENGTH, reference.D_MODEL, reference.NUM_HEADS
@@ -38,13 +43,16 @@ def run(embeddings, lengths, params):
     return x, out, weights
 
 
-def main() -> None:
-    embeddings, lengths, params = reference.tutorial_inputs()
-    with torch.no_grad():
-        x, out, weights = run(_tensors(embeddings), _tensors(lengths), _tensors(params))
-    out_ref = reference.run(embeddings, lengths, params)[1]
+def report(x, out, weights) -> None:
+    """numpy_ref's report, plus the largest difference from numpy_ref's output."""
     reference.report(x.numpy(), out.numpy(), weights.numpy())
+    out_ref = reference.run(*reference.tutorial_inputs())[1]
     print(f"max |torch_impl - numpy_ref|: {np.abs(out.numpy() - out_ref).max():.1e}")
+
+
+def main() -> None:
+    with torch.no_grad():
+        report(*run(*tutorial_inputs()))
 
 
 if __name__ == "__main__":

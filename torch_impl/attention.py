@@ -50,7 +50,7 @@ from ._checks import (
     check_params,
     check_probability,
     check_rank,
-    check_same_device,
+    _check_same_device,
     check_same_float_dtype,
     check_shape,
     shape_str,
@@ -382,7 +382,7 @@ def _check_softmax(x, mask):
     if mask is not None:
         check_bool(mask, "mask")
         check_broadcastable(mask, "mask", x.shape, _axis_letters(x.ndim))
-        check_same_device(mask, "mask", x, "x")
+        _check_same_device(mask, "mask", x, "x")
 
 
 def _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask):
@@ -398,7 +398,7 @@ def _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask):
     target = (*q.shape[:-1], k.shape[-2])
     _check_extras(mask, bias, dropout_p, dropout_mask, target, (*batch, "Lq", "Lk"))
     for name, x in (("k", k), ("v", v), ("mask", mask), ("bias", bias), ("dropout_mask", dropout_mask)):
-        check_same_device(x, name, q, "q")
+        _check_same_device(x, name, q, "q")
 
 
 def _check_additive(query, keys, params, mask):
@@ -415,7 +415,7 @@ def _check_additive(query, keys, params, mask):
     check_shape(params["w_2"], "params.w_2", ("Dq", "A"), {"Dq": Dq, "A": A})
     check_shape(params["v"], "params.v", ("A",), {"A": A})
     for name, x in (("keys", keys), *named.items(), ("mask", mask)):
-        check_same_device(x, name, query, "query")
+        _check_same_device(x, name, query, "query")
     if mask is None:
         return None
     check_bool(mask, "mask")
@@ -444,7 +444,7 @@ def _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, drop
     others = (("key", key), ("value", value), *named.items(), ("mask", mask), ("bias", bias),
               ("dropout_mask", dropout_mask))
     for name, x in others:
-        check_same_device(x, name, query, "query")
+        _check_same_device(x, name, query, "query")
 
 
 def _check_extras(mask, bias, dropout_p, dropout_mask, target, letters):

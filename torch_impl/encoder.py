@@ -37,7 +37,7 @@ from ._checks import (
     check_params,
     check_probability,
     check_rank,
-    check_same_device,
+    _check_same_device,
     shape_str,
 )
 from .attention import MultiHeadAttention, init_multi_head_attention, multi_head_attention
@@ -236,7 +236,7 @@ def _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks,
             if tuple(m.shape) != shapes[site]:
                 raise ValueError(f'{name}["{site}"]: expected shape {shape_str(shapes[site])}, '
                                  f"got {shape_str(m.shape)}")
-            check_same_device(m, f'{name}["{site}"]', x, "x")
+            _check_same_device(m, f'{name}["{site}"]', x, "x")
     return masks
 
 

@@ -28,7 +28,7 @@ from ._checks import (
     check_float,
     check_params,
     check_probability,
-    check_same_device,
+    _check_same_device,
     check_same_float_dtype,
     check_shape,
     shape_str,
@@ -195,7 +195,7 @@ def _check_mask(mask, name, x):
     check_bool(mask, name)
     if tuple(mask.shape) != tuple(x.shape):
         raise ValueError(f"{name}: expected shape {shape_str(x.shape)}, got {shape_str(mask.shape)}")
-    check_same_device(mask, name, x, "x")
+    _check_same_device(mask, name, x, "x")
 
 
 def _check_linear(x, w, b):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import check_rank, check_same_device, check_same_float_dtype, check_shape
+from ._checks import _check_same_device, check_rank, check_same_float_dtype, check_shape
 from .layers import _CanonicalModule, _float_dtype, _generator, _tensors, dropout
 from .masks import _length
 
@@ -101,7 +101,7 @@ def _check_add(x, table):
             f"x: expected length L <= max_len={table.shape[0]} of table, got L={x.shape[1]} "
             f"(x {tuple(x.shape)}, table {tuple(table.shape)})"
         )
-    check_same_device(table, "table", x, "x")
+    _check_same_device(table, "table", x, "x")
 
 
 # --------------------------------------------------------------------------

@@ -563,4 +563,4 @@ def test_a_mask_on_another_device_is_a_value_error_naming_the_mask_and_both_devi
     assert str(info.value) == ("mask: expected a tensor on device cpu (the device of q), "
                                "got device meta")
     with pytest.raises(ValueError, match="^mask: .* device cpu .* device meta"):
-        _checks.check_same_device(mask, "mask", q, "q")
+        _checks._check_same_device(mask, "mask", q, "q")
