@@ -7,14 +7,14 @@ length, ``D`` model width, ``Dh = D / H``, ``Dk``/``Dv`` key/value widths,
 ``Dq`` additive-attention query width, ``A`` additive-attention width.
 
 Masks are boolean, ``True`` = may attend. Masking is *selection*
-(``torch.where``), never ``-1e9`` arithmetic: a score that is masked or equal
-to ``-inf`` is left out of the softmax, so a fully masked row gets weights 0,
-output 0 and gradient 0 instead of a uniform average over padding (the
-``-1e9`` tutorial version) or ``0 / 0 = NaN``. Autograd differentiates *both*
-branches of a ``where``, so the masked branch must stay finite too: masked
-scores are replaced before ``exp`` (no ``exp(-inf - -inf)``) and an empty
-row's denominator is 1 (no ``0 / 0``); otherwise the backward pass would
-produce ``0 * NaN = NaN`` even where the forward is clean.
+(``masked_fill`` with ``-inf``), never ``-1e9`` arithmetic: a score that is
+masked or equal to ``-inf`` is left out of the softmax, so a fully masked row
+gets weights 0, output 0 and gradient 0 instead of a uniform average over
+padding (the ``-1e9`` tutorial version) or ``0 / 0 = NaN``. Autograd
+differentiates the softmax of that row too, so it must stay finite: an empty
+row is filled with 0 before the softmax (uniform, finite) and its weights
+with 0 after; otherwise the backward pass would produce ``0 * NaN = NaN``
+even where the forward is clean.
 
 Two paths compute ``scaled_dot_product_attention`` / ``multi_head_attention``:
 
@@ -101,17 +101,27 @@ def softmax(x, axis=-1, mask=None):
 def _masked_softmax(x, mask, axis):
     dtype = x.dtype
     x = x.float() if dtype in HALF_DTYPES else x
-    valid = x != -math.inf
+    # A masked entry becomes -inf, so "valid" is just ``x != -inf``; the
+    # fused ``torch.softmax`` already gives such an entry weight exp(-inf) = 0
+    # and gradient 0, and subtracts the row max.
     if mask is not None:
-        valid = valid & mask
-    # Row max over the valid entries only; an empty row's max is set to 0 so
-    # that no ``-inf - (-inf)`` is ever computed. The max is only a shift
-    # (softmax is invariant to it), so no gradient flows through it.
-    m = torch.amax(torch.where(valid, x, -math.inf), dim=axis, keepdim=True).detach()
-    m = torch.where(m == -math.inf, 0.0, m)
-    e = torch.where(valid, torch.exp(torch.where(valid, x, m) - m), 0.0)
-    s = torch.sum(e, dim=axis, keepdim=True)
-    return (e / torch.where(s > 0, s, 1.0)).to(dtype)  # an empty row: 0 / 1 = 0
+        x = x.masked_fill(~mask, -math.inf)
+    # Only a row without any valid entry differs from ``torch.softmax`` (which
+    # would give -inf - (-inf) = NaN there, and NaN gradients): such a row is
+    # set to 0 before (a finite softmax, so its backward stays finite) and
+    # after. Eagerly on the CPU, where the check costs no device sync, the
+    # two fills are skipped when no row is empty (they would change nothing);
+    # under torch.compile they stay, so the graph has no data-dependent break.
+    empty = torch.amax(x, dim=axis, keepdim=True) == -math.inf
+    if _cheap_to_branch(x) and not bool(empty.any()):
+        return torch.softmax(x, dim=axis).to(dtype)
+    p = torch.softmax(x.masked_fill(empty, 0.0), dim=axis)
+    return p.masked_fill(empty, 0.0).to(dtype)  # an empty row: weights 0, gradient 0
+
+
+def _cheap_to_branch(x):
+    """Whether a branch on ``x``'s values costs no device sync or graph break."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 # --------------------------------------------------------------------------
