@@ -135,8 +135,11 @@ def scaled_dot_product_attention(
 ):
     """Scaled dot-product attention (Vaswani et al. 2017, eq. 1).
 
-    ``weights = softmax(q @ kᵀ * scale + bias, mask)``,
-    ``out = dropout(weights) @ v``, ``scale = 1 / sqrt(Dk)`` unless given.
+    ``weights = softmax((q * scale) @ kᵀ + bias, mask)``,
+    ``out = dropout(weights) @ v``, ``scale = 1 / sqrt(Dk)`` unless given
+    (the spec's ``q @ kᵀ * scale``, with the scale applied to the smaller
+    operand, as ``nn.MultiheadAttention`` does; rounding may differ in the
+    last bit).
 
     Args:
       q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
@@ -174,7 +177,8 @@ def _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weigh
         return _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng), None
     # scores and softmax in float32 for half inputs, even under autocast
     with torch.autocast(q.device.type, enabled=False):
-        scores = _upcast(q) @ _upcast(k).transpose(-1, -2) * scale  # (*batch, Lq, Lk)
+        # scale folded into q: Lq * Dk multiplies instead of Lq * Lk
+        scores = (_upcast(q) * scale) @ _upcast(k).transpose(-1, -2)  # (*batch, Lq, Lk)
         if bias is not None:
             scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
         weights = _masked_softmax(scores, mask, -1).to(q.dtype)  # (*batch, Lq, Lk)
