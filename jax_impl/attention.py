@@ -11,10 +11,10 @@ Masks are boolean, ``True`` = may attend. Masking is *selection*
 to ``-inf`` is left out of the softmax, so a fully masked row gets weights 0,
 output 0 and gradient 0 instead of a uniform average over padding (the
 ``-1e9`` tutorial version, and ``jax.nn.dot_product_attention``'s finite
-fill) or ``0 / 0 = NaN``. The gradient of ``where`` multiplies the
-unselected branch by 0, and ``0 * inf = NaN``, so that branch must stay
-finite too: masked scores are replaced before ``exp`` (no ``exp(-inf -
--inf)``) and an empty row's denominator is 1 (no ``0 / 0``).
+fill) or ``0 / 0 = NaN``. Masked scores become ``-inf``, whose ``exp`` is
+0 with gradient 0; nothing on the gradient's path may be ``inf`` or NaN
+(``0 * inf = NaN``), so an empty row's max is taken as 0 (no ``exp(-inf -
+-inf)``) and its denominator as 1 (no ``0 / 0``).
 
 Pure and ``jit``-compatible. Static under ``jax.jit``: ``axis``, ``scale``,
 ``num_heads``, ``dropout_p``; ``rng`` is a JAX PRNG key (an array; JAX has
@@ -83,18 +83,17 @@ def softmax(x, axis=-1, mask=None):
 
 
 def _masked_softmax(x, mask, axis):
-    valid = x != -jnp.inf
+    # A masked entry becomes -inf, so "valid" is just ``x != -inf``: it gets
+    # exp(-inf - m) = 0 and gradient exp(-inf - m) * g = 0 without further
+    # selection.
     if mask is not None:
-        valid = valid & mask
-    # Row max over the valid entries only; an empty row's max is set to 0 so
-    # that no ``-inf - (-inf)`` is ever computed. The max is a constant of the
+        x = jnp.where(mask, x, -jnp.inf)
+    # Row max over the valid entries; an empty row's max is set to 0 so that
+    # no ``-inf - (-inf)`` is ever computed. The max is a constant of the
     # softmax (it cancels), so no gradient flows through it.
-    m = jnp.max(jnp.where(valid, x, -jnp.inf), axis=axis, keepdims=True)
+    m = jnp.max(x, axis=axis, keepdims=True)
     m = jax.lax.stop_gradient(jnp.where(m == -jnp.inf, 0.0, m))
-    # Invalid entries see exp(m - m) = 1 in the unselected branch, never
-    # exp(-inf - m) or exp(+large): the gradient of ``where`` multiplies the
-    # unselected branch by 0, and 0 * inf would be NaN.
-    e = jnp.where(valid, jnp.exp(jnp.where(valid, x, m) - m), 0.0)
+    e = jnp.exp(x - m)
     s = jnp.sum(e, axis=axis, keepdims=True)
     return e / jnp.where(s > 0, s, 1.0)  # an empty row: 0 / 1 = 0
 
