@@ -108,8 +108,11 @@ def scaled_dot_product_attention(
 ):
     """Scaled dot-product attention (Vaswani et al. 2017, eq. 1).
 
-    ``weights = softmax(q @ kᵀ * scale + bias, mask)``,
-    ``out = dropout(weights) @ v``, ``scale = 1 / sqrt(Dk)`` unless given.
+    ``weights = softmax((q * scale) @ kᵀ + bias, mask)``,
+    ``out = dropout(weights) @ v``, ``scale = 1 / sqrt(Dk)`` unless given
+    (the spec's ``q @ kᵀ * scale``, with the scale applied to the smaller
+    operand, as ``nn.MultiheadAttention`` does; rounding may differ in the
+    last bit).
 
     Args:
       q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
@@ -132,7 +135,8 @@ def scaled_dot_product_attention(
     _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask)
     scale = _scale(q, scale)
     # scores and softmax in float32 for half inputs
-    scores = _upcast(q) @ jnp.swapaxes(_upcast(k), -1, -2) * scale  # (*batch, Lq, Lk)
+    # scale folded into q: Lq * Dk multiplies instead of Lq * Lk
+    scores = (_upcast(q) * scale) @ jnp.swapaxes(_upcast(k), -1, -2)  # (*batch, Lq, Lk)
     if bias is not None:
         scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
     weights = _masked_softmax(scores, mask, -1).astype(q.dtype)  # (*batch, Lq, Lk)
