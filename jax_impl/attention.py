@@ -24,6 +24,7 @@ and cast the weights back before ``@ v``.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -84,18 +85,33 @@ def softmax(x, axis=-1, mask=None):
 
 def _masked_softmax(x, mask, axis):
     # A masked entry becomes -inf, so "valid" is just ``x != -inf``: it gets
-    # exp(-inf - m) = 0 and gradient exp(-inf - m) * g = 0 without further
-    # selection.
+    # exp(-inf - m) = 0 and gradient 0 without further selection.
     if mask is not None:
         x = jnp.where(mask, x, -jnp.inf)
+    return _softmax_of_valid(x, axis)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _softmax_of_valid(x, axis):
     # Row max over the valid entries; an empty row's max is set to 0 so that
-    # no ``-inf - (-inf)`` is ever computed. The max is a constant of the
-    # softmax (it cancels), so no gradient flows through it.
+    # no ``-inf - (-inf)`` is ever computed.
     m = jnp.max(x, axis=axis, keepdims=True)
-    m = jax.lax.stop_gradient(jnp.where(m == -jnp.inf, 0.0, m))
+    m = jnp.where(m == -jnp.inf, 0.0, m)
     e = jnp.exp(x - m)
     s = jnp.sum(e, axis=axis, keepdims=True)
     return e / jnp.where(s > 0, s, 1.0)  # an empty row: 0 / 1 = 0
+
+
+@_softmax_of_valid.defjvp
+def _softmax_of_valid_jvp(axis, primals, tangents):
+    # dp = p * (dx - sum(p * dx)), numpy_ref's softmax backward read forwards:
+    # only p is kept for the backward pass (as jax.nn.softmax does), not the
+    # exponentials and sums autodiff would save, and masked or empty rows
+    # (p = 0) pass exactly 0 back.
+    (x,), (dx,) = primals, tangents
+    p = _softmax_of_valid(x, axis)
+    p_dx = p * dx
+    return p, p_dx - p * jnp.sum(p_dx, axis=axis, keepdims=True)
 
 
 # --------------------------------------------------------------------------
