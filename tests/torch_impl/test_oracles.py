@@ -15,6 +15,8 @@ PyTorch release that changes it is noticed) and compare the rows it spares.
 Every dimension differs: B=2, H=3, Lq=5, Lk=7, Dh=4 (D=12), Dv=6, F=20. The
 encoder-layer fast path runs only for an even head count: there H=4, Dh=3.
 """
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -277,6 +279,20 @@ def _fully_masked_query_row():
     attn_mask = torch.zeros(LQ, LK, dtype=torch.bool)
     attn_mask[2] = True  # PyTorch polarity: query 2 ignores every key
     return attn_mask
+
+
+def test_multihead_attention_gives_nan_for_a_row_of_minus_inf_float_mask_where_spec_gives_zero():
+    inputs, params = mha_inputs(False), mha_params(33)
+    minus_inf = torch.zeros(LQ, LK, dtype=F64)
+    minus_inf[2] = -math.inf  # an additive float mask: query 2 gets -inf on every key
+    with torch.no_grad():
+        theirs, _ = builtin_mha(params)(*qkv(inputs), attn_mask=minus_inf)
+        ours, weights = ti.multi_head_attention(*qkv(inputs), params, H, bias=minus_inf)
+    assert torch.isnan(theirs[:, 2]).all()
+    # the spec counts -inf scores as masked: weights 0, out = 0 @ w_o + b_o
+    assert torch.equal(weights[:, :, 2], torch.zeros_like(weights[:, :, 2]))
+    close(ours[:, 2], params["b_o"].expand_as(ours[:, 2]))
+    close(ours[:, [0, 1, 3, 4]], theirs[:, [0, 1, 3, 4]])
 
 
 @pytest.mark.parametrize("empty", ["attn_mask_row", "key_padding_mask_all_true"])
