@@ -665,6 +665,8 @@ _err("sdpa/mask-shape", _SDPA, "ValueError", "mask", _sdpa_bad(mask=lambda kw, r
 _err("sdpa/mask-rank5", _SDPA, "ValueError", "mask",
      _sdpa_bad(mask=lambda kw, r: np.ones((1, 2, 3, 5, 7), dtype=bool)))
 _err("sdpa/bias-shape", _SDPA, "ValueError", "bias", _sdpa_bad(bias=lambda kw, r: _normal(r, 2, 3, 7, 5)))
+_err("sdpa/scale-string", _SDPA, "TypeError", "scale", _sdpa_bad(scale=lambda kw, r: "0.5"),
+     note="a string that float() would accept is still not a number")
 _err("sdpa/dropout-p1", _SDPA, "ValueError", "dropout_p", _sdpa_bad(dropout_p=lambda kw, r: 1.0))
 _err("sdpa/dropout-mask-shape", _SDPA, "ValueError", "dropout_mask",
      _sdpa_bad(dropout_p=lambda kw, r: 0.5, dropout_mask=lambda kw, r: np.ones((2, 3, 5, 6), dtype=bool)))

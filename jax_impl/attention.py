@@ -37,6 +37,7 @@ from ._checks import (
     check_divisible,
     check_params,
     check_probability,
+    check_scale,
     check_rank,
     check_same_float_dtype,
     check_shape,
@@ -306,6 +307,7 @@ def _xavier_uniform(key, fan_in, fan_out, dtype):
 
 
 def _scale(q, scale):
+    check_scale(scale)
     # A Python float is weakly typed: float32 and bfloat16 inputs keep their dtype.
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 

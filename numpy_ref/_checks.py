@@ -17,6 +17,8 @@ dtypes as numpy prints them.
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 
 import numpy as np
 
@@ -31,6 +33,7 @@ __all__ = [
     "check_broadcastable",
     "check_same_float_dtype",
     "check_probability",
+    "check_scale",
     "check_divisible",
     "check_choice",
     "check_params",
@@ -142,6 +145,20 @@ def _check_probability(p, name: str = "dropout_p") -> None:
         raise ValueError(f"{name}: expected a probability in [0, 1), got {p}")
 
 
+def _check_scale(scale) -> None:
+    """TypeError unless ``scale`` is None or a real number (a static Python
+    or 0-d numpy value, never traced); ValueError unless it is finite: an
+    inf or NaN scale would make every score inf or NaN."""
+    if scale is None:
+        return
+    if not isinstance(scale, numbers.Real):
+        raise TypeError(
+            f"scale: expected a real number (static under jax.jit), got {type(scale).__name__}"
+        )
+    if not math.isfinite(float(scale)):
+        raise ValueError(f"scale: expected a finite number, got {scale}")
+
+
 def _check_divisible(d_model: int, num_heads: int) -> None:
     """ValueError naming both numbers when heads do not split the width."""
     if int(num_heads) <= 0 or int(d_model) % int(num_heads) != 0:
@@ -176,6 +193,7 @@ check_rank = _check_rank
 check_shape = _check_shape
 check_broadcastable = _check_broadcastable
 check_probability = _check_probability
+check_scale = _check_scale
 check_divisible = _check_divisible
 check_choice = _check_choice
 check_params = _check_params

@@ -28,6 +28,7 @@ from ._checks import (
     check_divisible,
     check_params,
     check_probability,
+    check_scale,
     check_rank,
     check_same_float_dtype,
     check_shape,
@@ -457,6 +458,7 @@ def _xavier_uniform(rng, fan_in, fan_out, dtype):
 
 
 def _scale(q, scale):
+    check_scale(scale)
     # A Python float keeps float32 inputs float32 (a numpy float64 would promote).
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 

@@ -25,6 +25,7 @@ __all__ = [
     "check_broadcastable",
     "check_same_float_dtype",
     "check_probability",
+    "check_scale",
     "check_divisible",
     "check_choice",
     "check_params",
@@ -64,6 +65,7 @@ check_rank = _core._check_rank
 check_shape = _core._check_shape
 check_broadcastable = _core._check_broadcastable
 check_probability = _core._check_probability
+check_scale = _core._check_scale
 check_divisible = _core._check_divisible
 check_choice = _core._check_choice
 check_params = _core._check_params

@@ -49,6 +49,7 @@ from ._checks import (
     check_divisible,
     check_params,
     check_probability,
+    check_scale,
     check_rank,
     _check_same_device,
     check_same_float_dtype,
@@ -356,6 +357,7 @@ def _xavier_uniform(rng, fan_in, fan_out):
 
 
 def _scale(q, scale):
+    check_scale(scale)
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 

@@ -699,3 +699,18 @@ def test_bad_input_raises_with_the_argument_name_and_what_came(call, exc, name, 
     message = str(info.value)
     assert message.startswith(f"{name}: "), message
     assert got in message, message
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_a_scale_that_is_not_finite_is_a_value_error_not_a_nan_result(scale):
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 7, 4)), rng.standard_normal((2, 7, 6))
+    with pytest.raises(ValueError, match=r"^scale: expected a finite number"):
+        scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def test_a_scale_that_is_not_a_number_is_a_type_error():
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 7, 4)), rng.standard_normal((2, 7, 6))
+    with pytest.raises(TypeError, match=r"^scale: expected a real number"):
+        scaled_dot_product_attention(q, k, v, scale="0.5")
