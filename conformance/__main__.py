@@ -4,26 +4,30 @@ Usage::
 
     python -m conformance                       # every installed built-in backend
     python -m conformance --backend numpy --dtype float32 -k "mha and not error"
-    python -m conformance --backend my_pkg.my_module:MyBackend --json report.json
+    python -m conformance --backend my_pkg.my_module:MyBackend --require all --junit junit.xml
     python -m conformance --list                # cases and backends
-    python -m conformance generate              # rewrite conformance/fixtures from numpy_ref
+    python -m conformance generate [--check]    # rewrite (or compare) conformance/fixtures from numpy_ref
     python -m conformance bench ...             # conformance.bench:main
 
-Exit status: 0 when every case passed; 1 on any failure (a case, a corrupt
-fixture, or a backend asked for by --backend that cannot run); 2 when the
-fixtures cannot be used at all or the command line is wrong.
+Exit status: 0 when every case passed and every backend certified something;
+1 on any failure (a case, a corrupt fixture, a backend asked for by
+--backend that cannot run, a backend that ran no value case in a dtype, a
+requested dtype a named backend does not declare, a --require not covered);
+2 when the fixtures cannot be used at all or the command line is wrong
+(nothing runs then, and no file is written).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 from .backends import BUILTINS, Unavailable, load
 from .fixtures import DEFAULT_DIR, ManifestError
-from .report import DTYPE_ORDER, Progress, failures, format_table, write_json
-from .runner import load_all, run
+from .report import DTYPE_ORDER, Progress, coverage_lines, failures, format_table, write_json, write_junit
+from .runner import coverage_problems, load_all, parse_select, run
 
 __all__ = ["main"]
 
@@ -32,20 +36,54 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m conformance",
         description="Check backends against the numpy_ref fixtures, outputs and gradients. "
-        "Subcommands: `generate` (rewrite the fixtures), `bench` (benchmarks).",
+        "Subcommands: `generate` (rewrite or --check the fixtures), `bench` (benchmarks).",
     )
     p.add_argument("--backend", action="append", metavar="NAME",
                    help=f"a built-in ({', '.join(BUILTINS)}) or package.module:ClassName; "
                    "repeatable; default: every built-in, unavailable ones skipped")
     p.add_argument("--dtype", action="append", choices=DTYPE_ORDER,
-                   help="only these dtypes (repeatable); default: every dtype each backend declares")
+                   help="only these dtypes (repeatable); default: every dtype each backend declares; "
+                   "a dtype that a backend named with --backend does not declare is a failure")
     p.add_argument("--device", default=None, help="passed to Backend.setup (e.g. cuda, cpu)")
     p.add_argument("-k", dest="select", metavar="EXPR",
                    help="only cases whose name matches: substrings with and/or/not, as pytest -k")
+    p.add_argument("--require", action="append", metavar="COMPONENT", default=[],
+                   help="fail unless every selected case of this component (repeatable; `all`: every "
+                   "component) ran on every backend in every dtype it runs")
+    p.add_argument("--max-fail", type=_positive, metavar="N",
+                   help="stop after N failed cases (the report covers what ran)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="every problem of a failing case (default: one line per case)")
     p.add_argument("--json", metavar="PATH", help="also write a JSON report")
+    p.add_argument("--junit", metavar="PATH", help="also write a JUnit XML report (for CI test views)")
     p.add_argument("--list", action="store_true", help="list cases and backends, run nothing")
     p.add_argument("--fixtures", default=str(DEFAULT_DIR), metavar="DIR", help="fixture directory")
     return p
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
+def _output_problem(option: str, path: str | None) -> str | None:
+    """Why ``path`` cannot be written (checked before the run), or None."""
+    if path is None:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        return f"{option} {path}: is a directory"
+    parent = target.parent
+    if not parent.is_dir():
+        return f"{option} {path}: folder {str(parent)!r} does not exist"
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        return f"{option} {path}: not writable"
+    return None
 
 
 def _load_backends(specs, explicit):
@@ -59,15 +97,22 @@ def _load_backends(specs, explicit):
             if explicit:
                 problems.append(f"FAIL backend {spec}: cannot run ({exc})")
             continue
+        if any(backend.name == b.name for b in backends):
+            problems.append(f"FAIL backend {spec}: its name {backend.name!r} is already taken by another backend")
+            continue
         backends.append(backend)
-        info[backend.name] = {"status": "ran", "spec": spec, "dtypes": list(backend.dtypes)}
+        info[backend.name] = {
+            "status": "ran", "spec": spec, "dtypes": list(backend.dtypes),
+            "gradients": bool(backend.gradients), "errors": bool(backend.errors),
+            "devices": None if backend.devices is None else list(backend.devices),
+        }
     return backends, info, problems
 
 
 def _list(args, backends, info) -> int:
     try:
         fixtures, broken = load_all(args.fixtures, args.select)
-    except ManifestError as exc:
+    except (ManifestError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for f in fixtures:
@@ -78,7 +123,12 @@ def _list(args, backends, info) -> int:
         print(f"{b.name:<52} BROKEN: {b.problem}")
     print(f"\n{len(fixtures)} cases")
     for name, entry in info.items():
-        extra = ", ".join(entry["dtypes"]) if entry["status"] == "ran" else entry["reason"]
+        if entry["status"] == "ran":
+            extra = ", ".join(entry["dtypes"])
+            extra += "" if entry["gradients"] else "; outputs only"
+            extra += "" if entry["errors"] else "; no error contract"
+        else:
+            extra = entry["reason"]
         print(f"backend {name}: {'available' if entry['status'] == 'ran' else 'unavailable'} ({extra})")
     return 0
 
@@ -122,7 +172,19 @@ def main(argv=None) -> int:
         return _bench(argv[1:])
     args = _parser().parse_args(argv)
     start = time.perf_counter()
-    backends, info, problems = _load_backends(args.backend or list(BUILTINS), bool(args.backend))
+    # everything that can be wrong on the command line is refused before anything runs
+    for problem in (_output_problem("--json", args.json), _output_problem("--junit", args.junit)):
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    if args.select is not None:
+        try:
+            parse_select(args.select)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    explicit = bool(args.backend)
+    backends, info, problems = _load_backends(args.backend or list(BUILTINS), explicit)
     if args.list:
         return _list(args, backends, info)
     try:
@@ -133,22 +195,45 @@ def main(argv=None) -> int:
     if not fixtures and not broken:
         print(f"error: no case matches -k {args.select!r}", file=sys.stderr)
         return 2
+    components = sorted({f.component for f in fixtures} | {b.component for b in broken})
+    unknown = [c for c in args.require if c != "all" and c not in components]
+    if unknown:
+        print(f"error: --require {unknown[0]}: not a component of the selected cases "
+              f"(components: {', '.join(components)}; or `all`)", file=sys.stderr)
+        return 2
 
-    outcomes = run(backends, fixtures, args.dtype, args.device, Progress())
+    with Progress() as progress:
+        outcomes = run(backends, fixtures, args.dtype, args.device, progress, max_fail=args.max_fail)
     seconds = time.perf_counter() - start
-    print(format_table(outcomes))
-    problems = failures(outcomes, broken) + problems
+    print(format_table(outcomes, {b.name: bool(b.gradients) for b in backends}))
+    problems = failures(outcomes, broken, args.verbose) + problems
+    if args.max_fail is not None and sum(o.status == "fail" for o in outcomes) >= args.max_fail:
+        problems.append(f"FAIL stopped after {args.max_fail} failed case(s) (--max-fail): "
+                        "the cases after it did not run")
+    else:
+        problems += coverage_problems(backends, outcomes, fixtures, args.dtype, explicit, args.require)
+    if not backends:
+        problems.append("FAIL no backend could run")
     for line in problems:
         print(line)
-    for b in backends:
-        mine = [o for o in outcomes if o.backend == b.name]
-        counts = {s: sum(o.status == s for o in mine) for s in ("pass", "fail", "skip")}
-        print(f"{b.name}: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} not supported")
+    for line in coverage_lines(outcomes, backends):
+        print(line)
     verdict = "FAILED" if problems else "PASSED"
-    print(f"{verdict}: {len(fixtures)} cases, {len(backends)} backend(s), {seconds:.1f} s")
+    partial = [b.name for b in backends if not b.gradients or not b.errors]
+    scope = f" (not everything checked for {', '.join(partial)}: see its line above)" if partial else ""
+    print(f"{verdict}: {len(fixtures)} cases, {len(backends)} backend(s), {seconds:.1f} s{scope}")
     if args.json:
-        write_json(args.json, outcomes, broken, info, seconds)
+        write_json(args.json, outcomes, broken, info, seconds, problems, backends)
+    if args.junit:
+        write_junit(args.junit, outcomes, broken, [p for p in problems if not p.startswith("FAIL fixture")
+                                                   and not _is_case_line(p, outcomes)], seconds)
     return 1 if problems else 0
+
+
+def _is_case_line(line: str, outcomes) -> bool:
+    """True for a failure line that belongs to one case (JUnit has it on that testcase)."""
+    return any(line.startswith(f"FAIL {o.backend} {o.dtype or 'error-case'} {o.case}:") for o in outcomes
+               if o.problems)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ Minimal third-party adapter::
         name = "mine"
         requires = ("my_kernels",)       # skipped with a reason if not importable
         dtypes = ("float64", "float32")
+        gradients = True                 # False: a forward-only kernel
+        errors = False                   # True once it implements the bad-input contract
 
         def supports(self, call):
             return call.function == "scaled_dot_product_attention"
@@ -92,7 +94,12 @@ class Result:
 
 
 class Backend:
-    """Base class for adapters; subclass and override ``run``."""
+    """Base class for adapters; subclass and override ``run``.
+
+    The class attributes declare what the adapter can be certified for; the
+    report states exactly that and nothing more (a capability that is not
+    declared is reported as "not checked", never as passed).
+    """
 
     #: name shown in the report
     name: str = "unnamed"
@@ -100,13 +107,37 @@ class Backend:
     requires: Sequence[str] = ()
     #: dtypes this backend runs, from "float64", "float32", "bfloat16", "float16"
     dtypes: Sequence[str] = ("float64", "float32")
+    #: False for a forward-only kernel: outputs are checked, gradients are
+    #: reported as not checked (``Result.grads`` may be empty)
+    gradients: bool = True
+    #: False when the adapter does not implement the bad-input contract: the
+    #: error cases are reported as not checked instead of failing
+    errors: bool = True
+    #: device platforms ``setup`` accepts (``--device cuda:1`` is platform
+    #: ``cuda``); None: any, the adapter checks in ``setup``
+    devices: Sequence[str] | None = ("cpu",)
 
     def setup(self, device: str | None = None) -> None:
-        """Called once before any case, e.g. to set precision flags."""
+        """Called once before any case, e.g. to set precision flags.
+
+        Whatever process-wide state this changes, ``teardown`` restores.
+        """
+
+    def teardown(self) -> None:
+        """Called once after the last case, also when a case or ``setup`` failed."""
 
     def supports(self, call: Call) -> bool:
         """False to skip a case this backend does not implement."""
         return True
+
+    def prepare(self, calls: Sequence[Call], dtype: str) -> None:
+        """Called before a batch of value calls (all of one function) is run in ``dtype``.
+
+        An adapter may compile or even compute the whole batch here (the JAX
+        adapter compiles one program per batch) and answer ``run`` from what it
+        kept. The default does nothing. An exception here is reported on
+        every call of the batch, which still runs through ``run``.
+        """
 
     def run(self, call: Call, dtype: str | None) -> Result:
         """Run ``call`` in ``dtype`` and return outputs and gradients.

@@ -1,49 +1,107 @@
-"""The report: progress on stderr, the component x backend table, JSON.
+"""The report: progress on stderr, the tables, the coverage lines, JSON and JUnit.
 
 One table per dtype: a row per component, two columns per backend, the
-worst error ratio of the outputs and of the gradients (pass iff <= 1). Error
-cases get their own table (passed/total). Then every failure, one line each,
-naming backend, dtype, case and problem.
+worst error ratio of the outputs and of the gradients (pass iff <= 1), with
+``[ran/selected]`` after the ratio when a backend ran only some of the
+component's cases, ``skip`` when it ran none, ``n/c`` for gradients a
+forward-only adapter does not compute. Error cases get their own table
+(passed/checked). Then every failure, and one coverage line per backend
+saying exactly what was certified.
 """
 from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
+import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 from .cases import COMPONENTS
 from .tolerances import CLASSES, TOLERANCES
 
-__all__ = ["Progress", "format_table", "failures", "write_json"]
+__all__ = ["Progress", "format_table", "failures", "coverage_lines", "write_json", "write_junit"]
 
 DTYPE_ORDER = ("float64", "float32", "bfloat16", "float16")
+_SPECIAL = ("<setup>", "<teardown>")
 
 
 class Progress:
-    """A per-backend progress line on stderr (rewritten in place on a terminal)."""
+    """Progress on stderr: rewritten in place on a terminal; in a CI log (not a
+    terminal) a line at least every ``every`` seconds while the run is busy,
+    with counts and elapsed time, plus a line when each (backend, phase) pass
+    ends. A step that takes long (a JAX batch compiling) still gets its lines
+    from a heartbeat thread. Use as a context manager, or call ``close``."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream=None, every: float = 5.0):
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.every = every
+        self.begin = time.perf_counter()
         self.start = {}
+        self.last = self.begin
+        self.now_at = None  # (backend, phase, done, total, case) of the latest call
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._beat = None
+        if not self.tty and every > 0:
+            self._beat = threading.Thread(target=self._heartbeat, name="conformance-progress", daemon=True)
+            self._beat.start()
 
-    def __call__(self, backend, dtype, done, total, case):
-        key = (backend, dtype)
-        self.start.setdefault(key, time.perf_counter())
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=1.0)
+
+    def _write(self, text: str) -> None:
+        with self._lock:
+            self.stream.write(text)
+            self.stream.flush()
+
+    def _status(self, now) -> str:
+        backend, phase, done, total, case = self.now_at
+        return f"[{backend} {phase}] {done}/{total} cases, {now - self.begin:.0f} s elapsed, at {case}\n"
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.every / 2):
+            now = time.perf_counter()
+            if self.now_at is not None and now - self.last >= self.every:
+                self.last = now
+                self._write(self._status(now))
+
+    def __call__(self, backend, phase, done, total, case):
+        now = time.perf_counter()
+        key = (backend, phase)
+        self.start.setdefault(key, now)
         if case is None:
-            seconds = time.perf_counter() - self.start[key]
-            line = f"[{backend} {dtype}] {total} cases in {seconds:.1f} s"
-            self.stream.write(("\r\033[K" if self.tty else "") + line + "\n")
-        elif self.tty:
-            self.stream.write(f"\r\033[K[{backend} {dtype}] {done}/{total} {case}")
-        self.stream.flush()
+            self.now_at = None
+            self.last = now
+            line = (f"[{backend} {phase}] {done} of {total} cases ran in {now - self.start[key]:.1f} s "
+                    f"({now - self.begin:.0f} s elapsed)")
+            self._write(("\r\033[K" if self.tty else "") + line + "\n")
+            return
+        self.now_at = (backend, phase, done, total, case)
+        if self.tty:
+            self._write(f"\r\033[K[{backend} {phase}] {done}/{total} {case}")
+        elif now - self.last >= self.every:
+            self.last = now
+            self._write(self._status(now))
 
 
-def _cell(outcomes, kind):
-    ran = [o for o in outcomes if o.status != "skip"]
+def _cell(outcomes, kind, gradients=True):
+    if not outcomes:
+        return "-"
+    ran = [o for o in outcomes if o.ran]
     if not ran:
-        return "skip" if outcomes else "-"
+        return "skip"
+    if kind == "grad" and not gradients:
+        return "n/c"
     ratios = [getattr(o, f"{kind}_ratio") for o in ran if getattr(o, f"{kind}_ratio") is not None]
     worst = max(ratios) if ratios else None
     # a case that failed without a ratio (raised, wrong shape) fails every cell it touches
@@ -54,6 +112,8 @@ def _cell(outcomes, kind):
     if worst is None and not failed:
         return "-"
     text = "—" if worst is None else f"{worst:.2g}"
+    if kind == "out" and len(ran) < len(outcomes):
+        text += f" [{len(ran)}/{len(outcomes)}]"
     return f"FAIL {text}" if failed else text
 
 
@@ -62,11 +122,15 @@ def _components(outcomes):
     return [c for c in COMPONENTS if c in seen] + sorted(seen - set(COMPONENTS))
 
 
-def format_table(outcomes) -> str:
-    """The per-dtype tables and the error-case table, as text."""
-    backends = list(dict.fromkeys(o.backend for o in outcomes if o.case != "<setup>"))
+def format_table(outcomes, gradients=None) -> str:
+    """The per-dtype tables and the error-case table, as text.
+
+    ``gradients`` maps backend name -> whether it declares gradients (default: all do).
+    """
+    gradients = gradients or {}
+    backends = list(dict.fromkeys(o.backend for o in outcomes if o.case not in _SPECIAL))
     lines = []
-    values = [o for o in outcomes if o.dtype is not None]
+    values = [o for o in outcomes if o.dtype is not None and o.case not in _SPECIAL]
     for dtype in [d for d in DTYPE_ORDER if any(o.dtype == d for o in values)]:
         rows = [o for o in values if o.dtype == dtype]
         cols = [b for b in backends if any(o.backend == b for o in rows)]
@@ -78,26 +142,36 @@ def format_table(outcomes) -> str:
         head = f"{'component':<15}{'cases':>6}" + "".join(f"  {b + ' out':>{width}}{b + ' grad':>{width}}" for b in cols)
         lines.append(head)
         for comp in _components(rows):
-            if all(o.status == "skip" for o in rows if o.component == comp):
+            if not any(o.ran for o in rows if o.component == comp):
                 continue  # no backend implements it
             cells = ""
             for b in cols:
                 sel = [o for o in rows if o.backend == b and o.component == comp]
-                cells += f"  {_cell(sel, 'out'):>{width}}{_cell(sel, 'grad'):>{width}}"
+                grads = gradients.get(b, True)
+                cells += f"  {_cell(sel, 'out'):>{width}}{_cell(sel, 'grad', grads):>{width}}"
             lines.append(f"{comp:<15}{len(counts[comp]):>6}{cells}")
         lines.append("")
-    errors = [o for o in outcomes if o.dtype is None and o.case != "<setup>" and o.status != "skip"]
-    if errors:
-        cols = list(dict.fromkeys(o.backend for o in errors))
-        lines.append("error cases (exception type, message starts with the argument name): passed/ran")
+    errors = [o for o in outcomes if o.dtype is None and o.case not in _SPECIAL]
+    if any(o.ran for o in errors):
+        cols = [b for b in backends if any(o.backend == b for o in errors)]
+        lines.append("error cases (exception type, message starts with the argument name): passed/checked")
         lines.append(f"{'component':<15}" + "".join(f"  {b:>14}" for b in cols))
         for comp in _components(errors):
             cells = ""
             for b in cols:
                 sel = [o for o in errors if o.backend == b and o.component == comp]
-                ok = sum(o.status == "pass" for o in sel)
-                text = f"{ok}/{len(sel)}" if sel else "-"
-                cells += f"  {('FAIL ' if ok < len(sel) else '') + text:>14}"
+                ran = [o for o in sel if o.ran]
+                ok = sum(o.status == "pass" for o in ran)
+                if not sel:
+                    text = "-"
+                elif all(o.status == "unchecked" for o in sel):
+                    text = "n/c"
+                elif not ran:
+                    text = "skip"
+                else:
+                    text = f"{ok}/{len(ran)}" + (f" of {len(sel)}" if len(ran) < len(sel) else "")
+                    text = ("FAIL " if ok < len(ran) else "") + text
+                cells += f"  {text:>14}"
             lines.append(f"{comp:<15}{cells}")
         lines.append("")
     return "\n".join(lines)
@@ -111,34 +185,101 @@ def _dtype_header(dtype):
     )
 
 
-def failures(outcomes, broken=()) -> list[str]:
-    """One line per problem: ``FAIL <backend> <dtype> <case>: <problem>``."""
+def failures(outcomes, broken=(), verbose: bool = False) -> list[str]:
+    """The failure lines: ``FAIL <backend> <dtype> <case>: <problem>``.
+
+    One line per failing case (its first problem and how many more) unless
+    ``verbose``, which gives one line per problem.
+    """
     lines = [f"FAIL fixture {b.name}: {b.problem}" for b in broken]
     for o in outcomes:
-        for problem in o.problems:
-            lines.append(f"FAIL {o.backend} {o.dtype or 'error-case'} {o.case}: {problem}")
+        if not o.problems:
+            continue
+        head = f"FAIL {o.backend} {o.dtype or 'error-case'} {o.case}:"
+        if verbose:
+            lines += [f"{head} {p}" for p in o.problems]
+        else:
+            hints = [p for p in o.problems if p.startswith("hint:")]
+            rest = [p for p in o.problems if not p.startswith("hint:")] or o.problems
+            more = f" (+{len(rest) - 1} more; -v shows all)" if len(rest) > 1 else ""
+            lines.append(f"{head} {rest[0]}{more}" + (f" [{hints[0]}]" if hints else ""))
     return lines
 
 
-def write_json(path, outcomes, broken, backends_info, seconds) -> None:
+def coverage(outcomes, backend) -> dict:
+    """What ``backend`` (an instance) was certified for, counted from the outcomes."""
+    mine = [o for o in outcomes if o.backend == backend.name and o.case not in _SPECIAL]
+    per_dtype = {}
+    for d in [d for d in DTYPE_ORDER if any(o.dtype == d for o in mine)]:
+        sel = [o for o in mine if o.dtype == d]
+        per_dtype[d] = {
+            "selected": len(sel),
+            "ran": sum(o.ran for o in sel),
+            "passed": sum(o.status == "pass" for o in sel),
+            "outputs_checked": sum(o.outputs_checked for o in sel),
+            "gradients_checked": sum(o.grads_checked for o in sel),
+        }
+    errors = [o for o in mine if o.dtype is None]
+    return {
+        "dtypes": per_dtype,
+        "gradients": "checked" if getattr(backend, "gradients", True) else "not checked (outputs-only adapter)",
+        "errors": {
+            "selected": len(errors),
+            "checked": sum(o.ran for o in errors),
+            "passed": sum(o.status == "pass" for o in errors),
+            "contract": "checked" if getattr(backend, "errors", True) else "not checked (no error contract declared)",
+        },
+        "passed": sum(o.status == "pass" for o in mine),
+        "failed": sum(o.status == "fail" for o in outcomes if o.backend == backend.name),
+        "unsupported": sum(o.status == "unsupported" for o in mine),
+        "unchecked": sum(o.status == "unchecked" for o in mine),
+    }
+
+
+def coverage_lines(outcomes, backends) -> list[str]:
+    """One line per backend: per dtype the value cases run (outputs, gradients
+    compared), the error cases checked, and the totals."""
+    lines = []
+    for b in backends:
+        c = coverage(outcomes, b)
+        parts = []
+        for d, n in c["dtypes"].items():
+            grads = f"{n['gradients_checked']} gradients" if getattr(b, "gradients", True) else "gradients not checked"
+            parts.append(f"{d} {n['ran']}/{n['selected']} value cases ({n['outputs_checked']} outputs, {grads})")
+        e = c["errors"]
+        if e["selected"]:
+            parts.append(f"errors {e['checked']}/{e['selected']}" if getattr(b, "errors", True)
+                         else "errors not checked (no error contract declared)")
+        what = "; ".join(parts) if parts else "nothing ran"
+        extra = "".join(f", {c[k]} {label}" for k, label in (("unsupported", "not supported"),
+                                                             ("unchecked", "not checked")) if c[k])
+        lines.append(f"{b.name}: {c['passed']} passed, {c['failed']} failed{extra} | {what}")
+    return lines
+
+
+def _finite(x):
+    return None if x is None else (x if x != float("inf") else "inf")
+
+
+def write_json(path, outcomes, broken, backends_info, seconds, problems=(), backends=()) -> None:
     """The machine-readable report."""
     from .fixtures import spec_version
 
-    def finite(x):
-        return None if x is None else (x if x != float("inf") else "inf")
-
     report = {
         "spec_version": spec_version(),
-        "passed": not broken and all(o.status != "fail" for o in outcomes),
+        "passed": not problems and not broken and all(o.status != "fail" for o in outcomes),
         "seconds": round(seconds, 3),
         "tolerances": TOLERANCES,
         "tolerance_classes": CLASSES,
         "backends": backends_info,
+        "coverage": {b.name: coverage(outcomes, b) for b in backends},
+        "problems": list(problems),
         "fixture_problems": [{"case": b.name, "problem": b.problem} for b in broken],
         "results": [
             {
                 "backend": o.backend, "dtype": o.dtype, "case": o.case, "component": o.component,
-                "status": o.status, "out_ratio": finite(o.out_ratio), "grad_ratio": finite(o.grad_ratio),
+                "status": o.status, "out_ratio": _finite(o.out_ratio), "grad_ratio": _finite(o.grad_ratio),
+                "outputs_checked": o.outputs_checked, "gradients_checked": o.grads_checked,
                 "problems": o.problems, "seconds": round(o.seconds, 6),
             }
             for o in outcomes
@@ -147,3 +288,46 @@ def write_json(path, outcomes, broken, backends_info, seconds) -> None:
     with open(path, "w") as fh:
         json.dump(report, fh, indent=1)
         fh.write("\n")
+
+
+def write_junit(path, outcomes, broken=(), problems=(), seconds: float = 0.0) -> None:
+    """JUnit XML: a ``testsuite`` per backend, a ``testcase`` per (dtype, case).
+
+    ``classname`` is ``conformance.<backend>.<dtype>`` (``errors`` for error
+    cases), ``name`` the case name; failures carry every problem line,
+    unsupported and not-checked cases are ``skipped`` with the reason. Fixture
+    and coverage problems form a last suite, ``conformance.run``.
+    """
+    root = ET.Element("testsuites", name="attention-spec conformance", time=f"{seconds:.3f}")
+    by_backend = defaultdict(list)
+    for o in outcomes:
+        by_backend[o.backend].append(o)
+    for backend, mine in by_backend.items():
+        suite = ET.SubElement(root, "testsuite", name=f"conformance.{backend}")
+        counts = defaultdict(int)
+        for o in mine:
+            case = ET.SubElement(suite, "testcase", classname=f"conformance.{backend}.{o.dtype or 'errors'}",
+                                 name=o.case, time=f"{o.seconds:.6f}")
+            if o.status == "fail":
+                counts["failures"] += 1
+                node = ET.SubElement(case, "failure", message=o.problems[0] if o.problems else "failed")
+                node.text = "\n".join(o.problems)
+            elif o.status in ("unsupported", "unchecked"):
+                counts["skipped"] += 1
+                reason = ("not supported by the backend" if o.status == "unsupported"
+                          else "not checked: the backend declares no error contract")
+                ET.SubElement(case, "skipped", message=reason)
+        suite.set("tests", str(len(mine)))
+        suite.set("failures", str(counts["failures"]))
+        suite.set("errors", "0")
+        suite.set("skipped", str(counts["skipped"]))
+    if broken or problems:
+        suite = ET.SubElement(root, "testsuite", name="conformance.run", tests=str(len(broken) + len(problems)),
+                              failures=str(len(broken) + len(problems)), errors="0", skipped="0")
+        for b in broken:
+            case = ET.SubElement(suite, "testcase", classname="conformance.fixtures", name=b.name)
+            ET.SubElement(case, "failure", message=b.problem)
+        for i, line in enumerate(problems):
+            case = ET.SubElement(suite, "testcase", classname="conformance.coverage", name=f"problem-{i + 1}")
+            ET.SubElement(case, "failure", message=line)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

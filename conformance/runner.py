@@ -1,18 +1,24 @@
 """Run fixtures through backends and judge every output and gradient.
 
 All in one process (no per-case subprocess): a backend is set up once, then
-every case runs in every dtype it declares. A problem in one case (an
-adapter that raises, returns the wrong shape or dtype, misses a gradient, or
-a corrupt fixture file) fails that case with a message naming it; the other
-cases still run.
+every case runs in every dtype it declares, and ``teardown`` is called at the
+end whatever happened. A problem in one case (an adapter that raises,
+returns the wrong shape or dtype, misses a gradient, or a corrupt fixture
+file) fails that case with a message naming it; the other cases still run.
+
+What ran is counted, not assumed: a case the backend does not support is
+"unsupported", a check the backend does not declare (gradients of a
+forward-only kernel, the bad-input contract) is "not checked", and
+:func:`coverage_problems` turns a pass that certified nothing into a failure.
 """
 from __future__ import annotations
 
 import dataclasses
 import re
 import time
+from itertools import groupby
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -20,28 +26,43 @@ from .fixtures import DEFAULT_DIR, Fixture, FixtureError, load_fixture, load_man
 from .protocol import Backend
 from .tolerances import error_ratio, tolerance
 
-__all__ = ["Outcome", "Broken", "load_all", "check_case", "check_error", "run", "matches"]
+__all__ = [
+    "Outcome", "Broken", "Session", "load_all", "check_case", "check_error", "run",
+    "coverage_problems", "matches", "parse_select", "device_problem",
+]
 
 HALF = ("bfloat16", "float16")
+#: dtypes a backend may declare, in report order
+DTYPES = ("float64", "float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass
 class Outcome:
     """The verdict on one (backend, dtype, case); ``dtype`` None for error cases.
 
-    ``out_ratio``/``grad_ratio`` are the worst error ratios (None when nothing
-    numeric was compared); ``problems`` are one-line messages, empty iff pass.
+    ``status``: ``"pass"``, ``"fail"``, ``"unsupported"`` (the backend's
+    ``supports`` said no) or ``"unchecked"`` (an error case for a backend that
+    declares no error contract). ``out_ratio``/``grad_ratio`` are the worst
+    error ratios (None when nothing of that kind was compared);
+    ``outputs_checked``/``grads_checked`` count the arrays compared;
+    ``problems`` are one-line messages, empty iff the case did not fail.
     """
 
     backend: str
     dtype: str | None
     case: str
     component: str
-    status: str = "pass"  # "pass" | "fail" | "skip"
+    status: str = "pass"
     out_ratio: float | None = None
     grad_ratio: float | None = None
+    outputs_checked: int = 0
+    grads_checked: int = 0
     problems: list = dataclasses.field(default_factory=list)
     seconds: float = 0.0
+
+    @property
+    def ran(self) -> bool:
+        return self.status in ("pass", "fail")
 
     def fail(self, message: str) -> None:
         self.status = "fail"
@@ -67,12 +88,16 @@ def load_all(directory: Path | str = DEFAULT_DIR, select: str | None = None):
 
     Raises:
       ManifestError: when the manifest as a whole is unusable.
+      ValueError: ``select`` is not a valid expression.
     """
+    keep = parse_select(select) if select else (lambda name: True)
     manifest = load_manifest(directory)
     fixtures, broken = [], []
     for entry in manifest["cases"]:
-        name = entry.get("name", "<unnamed>")
-        if select and not matches(select, name):
+        name = entry.get("name", "<unnamed>") if isinstance(entry, dict) else "<unnamed>"
+        if not isinstance(name, str):
+            name = "<unnamed>"
+        if not keep(name):
             continue
         try:
             fixtures.append(load_fixture(entry, directory))
@@ -108,34 +133,53 @@ def _dtype_problem(got: np.ndarray, want: np.ndarray) -> str | None:
     return f"dtype {got.dtype}, expected a floating dtype"
 
 
-def _compare(kind, name, value, want, dtype, cls, outcome):
-    """Compare one output or gradient; record the ratio or a problem."""
+def _compare(kind, name, value, want, dtype, cls, outcome) -> np.ndarray | None:
+    """Compare one output or gradient; record the ratio or a problem. The array, if usable."""
     label = f"{'output' if kind == 'out' else 'grad'} {name}"
     got = _as_array(value, label, outcome)
     if got is None:
-        return
+        return None
     if got.shape != want.shape:
         outcome.fail(f"{label}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
-        return
+        return None
     problem = _dtype_problem(got, want)
     if problem:
         outcome.fail(f"{label}: {problem}")
-        return
+        return None
     rtol, atol = tolerance(dtype, kind, cls)
-    ratio, where = error_ratio(got.astype(np.float64) if got.dtype != bool else got, want, rtol, atol)
+    got = got.astype(np.float64) if got.dtype != bool else got
+    ratio, where = error_ratio(got, want, rtol, atol)
     outcome.worse(kind, ratio)
+    if kind == "out":
+        outcome.outputs_checked += 1
+    else:
+        outcome.grads_checked += 1
     if not ratio <= 1.0:
         outcome.fail(f"{label}: error ratio {ratio:.3g} > 1 (rtol={rtol:g}, atol={atol:g}) {where}")
+    return got
+
+
+def _ignored_weights_hint(fixture: Fixture, got: dict, dtype: str) -> str | None:
+    """A hint when failing gradients match those of ``sum(out * cot_out)`` alone:
+    the adapter returned weights but dropped their cotangent."""
+    if not fixture.grads_out_only or not got:
+        return None
+    for name, value in got.items():
+        rtol, atol = tolerance(dtype, "grad", fixture.tolerance)
+        if error_ratio(value, fixture.grads_out_only[name], rtol, atol)[0] > 1.0:
+            return None
+    return ("hint: these gradients match those of sum(out * cotangents['out']) alone: "
+            "the adapter returned weights but ignored cotangents['weights']")
 
 
 def check_case(backend: Backend, fixture: Fixture, dtype: str) -> Outcome:
-    """Run one value case in ``dtype`` and judge outputs and gradients."""
+    """Run one value case in ``dtype`` and judge outputs and (if declared) gradients."""
     outcome = Outcome(backend.name, dtype, fixture.name, fixture.component)
     call = fixture.call
     start = time.perf_counter()
     try:
         if not backend.supports(call):
-            outcome.status = "skip"
+            outcome.status = "unsupported"
             return outcome
         result = backend.run(call, dtype)
     except Exception as exc:
@@ -143,9 +187,10 @@ def check_case(backend: Backend, fixture: Fixture, dtype: str) -> Outcome:
         return outcome
     finally:
         outcome.seconds = time.perf_counter() - start
+    want_grads = bool(call.wrt) and getattr(backend, "gradients", True)
     outputs = getattr(result, "outputs", None)
     grads = getattr(result, "grads", None)
-    if not hasattr(outputs, "keys") or (call.wrt and not hasattr(grads, "keys")):
+    if not hasattr(outputs, "keys") or (want_grads and not hasattr(grads, "keys")):
         outcome.fail(f"run returned {type(result).__name__}, expected a Result with outputs and grads mappings")
         return outcome
 
@@ -159,12 +204,21 @@ def check_case(backend: Backend, fixture: Fixture, dtype: str) -> Outcome:
             outcome.fail(f"output {name}: missing (got {sorted(outputs)})")
             continue
         _compare("out", name, outputs[name], want, dtype, fixture.tolerance, outcome)
+    if not want_grads:
+        return outcome
     expected = fixture.grads_out_only if out_only else fixture.grads
+    compared, failed_before = {}, len(outcome.problems)
     for name in call.wrt:
         if name not in grads or grads[name] is None:
             outcome.fail(f"grad {name}: missing (got {sorted(grads)})")
             continue
-        _compare("grad", name, grads[name], expected[name], dtype, fixture.tolerance, outcome)
+        got = _compare("grad", name, grads[name], expected[name], dtype, fixture.tolerance, outcome)
+        if got is not None:
+            compared[name] = got
+    if len(outcome.problems) > failed_before and not out_only and len(compared) == len(call.wrt):
+        hint = _ignored_weights_hint(fixture, compared, dtype)
+        if hint:
+            outcome.problems.append(hint)
     return outcome
 
 
@@ -172,10 +226,13 @@ def check_error(backend: Backend, fixture: Fixture) -> Outcome:
     """Run one error case: the exception type and the message's argument name."""
     outcome = Outcome(backend.name, None, fixture.name, fixture.component)
     call = fixture.call
+    if not getattr(backend, "errors", True):
+        outcome.status = "unchecked"
+        return outcome
     start = time.perf_counter()
     try:
         if not backend.supports(call):
-            outcome.status = "skip"
+            outcome.status = "unsupported"
             return outcome
         backend.run(call, None)
     except Exception as exc:
@@ -196,7 +253,96 @@ def check_error(backend: Backend, fixture: Fixture) -> Outcome:
 
 
 # --------------------------------------------------------------------------
-# running everything
+# one backend, one dtype at a time
+
+
+def device_problem(backend: Backend, device: str | None) -> str | None:
+    """Why ``backend`` cannot be asked for ``device`` (None when it can)."""
+    declared = getattr(backend, "devices", None)
+    if device is None or declared is None:
+        return None
+    platform = device.partition(":")[0]
+    if platform in declared:
+        return None
+    return f"backend {backend.name} does not declare device {device!r} (declares: {', '.join(declared)})"
+
+
+class Session:
+    """One backend set up for a run: ``with Session(backend, device) as s: s.value(...)``.
+
+    ``prepare`` is called once per batch of supported calls of one function
+    before the first of them runs, as the protocol promises; ``teardown`` is
+    called on exit, also after a failure. A ``setup`` that raises leaves
+    ``setup_problem`` set and every case failing with it.
+    """
+
+    def __init__(self, backend: Backend, device: str | None = None):
+        self.backend = backend
+        self.device = device
+        self.setup_problem: str | None = None
+        self._prepared: dict = {}  # (dtype, function) -> problem line or None
+
+    def __enter__(self) -> "Session":
+        self.setup_problem = device_problem(self.backend, self.device)
+        if self.setup_problem is None:
+            try:
+                self.backend.setup(self.device)
+            except Exception as exc:
+                self.setup_problem = f"setup(device={self.device!r}) raised {_one_line(exc)}"
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            self.backend.teardown()
+        except Exception as exc:  # reported, never hides the run's own result
+            self.teardown_problem = f"teardown() raised {_one_line(exc)}"
+        else:
+            self.teardown_problem = None
+
+    def prepare(self, fixtures: Sequence[Fixture], dtype: str) -> None:
+        """Hand the backend every supported call of ``fixtures`` (one function) at once."""
+        key = (dtype, fixtures[0].call.function)
+        if key in self._prepared or self.setup_problem:
+            return
+        calls = []
+        for f in fixtures:
+            try:
+                if self.backend.supports(f.call):
+                    calls.append(f.call)
+            except Exception:
+                pass  # reported by check_case
+        problem = None
+        if calls:
+            try:
+                self.backend.prepare(calls, dtype)
+            except Exception as exc:
+                problem = f"prepare raised {_one_line(exc)}"
+        self._prepared[key] = problem
+
+    def value(self, fixture: Fixture, dtype: str, batch: Sequence[Fixture] = ()) -> Outcome:
+        if self.setup_problem:
+            o = Outcome(self.backend.name, dtype, fixture.name, fixture.component)
+            o.fail(self.setup_problem)
+            return o
+        self.prepare(batch or [fixture], dtype)
+        outcome = check_case(self.backend, fixture, dtype)
+        problem = self._prepared.get((dtype, fixture.call.function))
+        if problem and outcome.status == "fail":
+            outcome.problems.append(problem)
+        return outcome
+
+    def error(self, fixture: Fixture) -> Outcome:
+        if self.setup_problem and getattr(self.backend, "errors", True):
+            o = Outcome(self.backend.name, None, fixture.name, fixture.component)
+            o.fail(self.setup_problem)
+            return o
+        return check_error(self.backend, fixture)
+
+
+def passes(backend: Backend, dtypes: Iterable[str] | None) -> list[str]:
+    """The dtypes ``backend`` runs: those it declares, restricted to ``dtypes``."""
+    wanted = None if dtypes is None else set(dtypes)
+    return [d for d in backend.dtypes if wanted is None or d in wanted]
 
 
 def run(
@@ -205,42 +351,204 @@ def run(
     dtypes: Iterable[str] | None = None,
     device: str | None = None,
     progress: Callable | None = None,
+    max_fail: int | None = None,
 ) -> list[Outcome]:
     """Every fixture on every backend in every declared (and requested) dtype.
 
-    ``progress(backend, dtype, done, total, case)`` is called after each case
-    and once more with ``case=None`` when a (backend, dtype) pass ends.
+    ``progress(backend, phase, done, total, case)`` is called after each case
+    and once more with ``case=None`` when a (backend, phase) pass ends;
+    ``phase`` is a dtype or ``"errors"``. With ``max_fail``, the run stops
+    after that many failed cases (the outcomes so far are returned).
     """
-    wanted = None if dtypes is None else tuple(dtypes)
     values = [f for f in fixtures if f.call.expect_error is None]
     errors = [f for f in fixtures if f.call.expect_error is not None]
+    batches = [list(g) for _, g in groupby(values, key=lambda f: f.call.function)]
     outcomes: list[Outcome] = []
+
+    def stop() -> bool:
+        return max_fail is not None and sum(o.status == "fail" for o in outcomes) >= max_fail
+
     for backend in backends:
-        try:
-            backend.setup(device)
-        except Exception as exc:
-            o = Outcome(backend.name, None, "<setup>", "setup")
-            o.fail(f"setup(device={device!r}) raised {_one_line(exc)}")
-            outcomes.append(o)
-            continue
-        passes = [d for d in backend.dtypes if wanted is None or d in wanted]
-        for dtype in passes:
-            for i, fixture in enumerate(values):
-                outcomes.append(check_case(backend, fixture, dtype))
+        with Session(backend, device) as session:
+            if session.setup_problem:
+                o = Outcome(backend.name, None, "<setup>", "setup")
+                o.fail(session.setup_problem)
+                outcomes.append(o)
+                continue
+            for dtype in passes(backend, dtypes):
+                done, ran = 0, 0
+                for batch in batches:
+                    if progress:  # before a batch: an adapter may compile it all in prepare
+                        progress(backend.name, dtype, done, len(values), batch[0].name)
+                    for fixture in batch:
+                        if stop():
+                            return outcomes
+                        outcomes.append(session.value(fixture, dtype, batch))
+                        done += 1
+                        ran += outcomes[-1].ran
+                        if progress:
+                            progress(backend.name, dtype, done, len(values), fixture.name)
                 if progress:
-                    progress(backend.name, dtype, i + 1, len(values), fixture.name)
-            if progress:
-                progress(backend.name, dtype, len(values), len(values), None)
-        for i, fixture in enumerate(errors):
-            outcomes.append(check_error(backend, fixture))
-            if progress:
-                progress(backend.name, "errors", i + 1, len(errors), fixture.name)
-        if errors and progress:
-            progress(backend.name, "errors", len(errors), len(errors), None)
+                    progress(backend.name, dtype, ran, len(values), None)
+            ran = 0
+            for i, fixture in enumerate(errors):
+                if stop():
+                    return outcomes
+                outcomes.append(session.error(fixture))
+                ran += outcomes[-1].ran
+                if progress:
+                    progress(backend.name, "errors", i + 1, len(errors), fixture.name)
+            if errors and progress:
+                progress(backend.name, "errors", ran, len(errors), None)
+        if session.teardown_problem:
+            o = Outcome(backend.name, None, "<teardown>", "teardown")
+            o.fail(session.teardown_problem)
+            outcomes.append(o)
     return outcomes
 
 
-_WORD = re.compile(r"\(|\)|[^\s()]+")
+# --------------------------------------------------------------------------
+# what a run certified
+
+
+def coverage_problems(
+    backends: Sequence[Backend],
+    outcomes: Sequence[Outcome],
+    fixtures: Sequence[Fixture],
+    dtypes: Iterable[str] | None = None,
+    explicit: bool = True,
+    require: Sequence[str] = (),
+) -> list[str]:
+    """Failure lines for every run that certified less than it seems to.
+
+    - a backend that ran no value case in a dtype it ran (every selected value
+      case unsupported), or no case at all;
+    - a requested dtype that an explicitly named backend does not declare;
+    - a component in ``require`` (``"all"``: every selected component) of
+      which some selected case did not run on a backend, in some dtype.
+    """
+    lines = []
+    wanted = None if dtypes is None else list(dict.fromkeys(dtypes))
+    values = [f for f in fixtures if f.call.expect_error is None]
+    components = list(dict.fromkeys(f.component for f in fixtures))
+    if "all" in require:
+        required = components
+    else:
+        required = list(dict.fromkeys(require))
+    for b in backends:
+        mine = [o for o in outcomes if o.backend == b.name and o.case not in ("<setup>", "<teardown>")]
+        if any(o.case == "<setup>" for o in outcomes if o.backend == b.name):
+            continue  # already a failure of its own
+        if explicit and wanted:
+            for d in wanted:
+                if d not in b.dtypes:
+                    lines.append(f"FAIL backend {b.name}: dtype {d} requested but not declared "
+                                 f"(declares: {', '.join(b.dtypes)})")
+        ran_dtypes = passes(b, wanted)
+        if values:
+            if not ran_dtypes and explicit:
+                lines.append(f"FAIL backend {b.name}: ran no value case (declares "
+                             f"{', '.join(b.dtypes)}; requested {', '.join(wanted or [])})")
+            for d in ran_dtypes:
+                if not any(o.dtype == d and o.ran for o in mine):
+                    lines.append(f"FAIL backend {b.name}: ran no value case in {d} "
+                                 f"(all {len(values)} selected are unsupported)")
+        elif not any(o.ran for o in mine):
+            why = "all unsupported" if getattr(b, "errors", True) else "it declares no error contract"
+            lines.append(f"FAIL backend {b.name}: ran no case (only error cases selected, {why})")
+        for comp in required:
+            cases = [f for f in fixtures if f.component == comp]
+            if not cases:
+                lines.append(f"FAIL --require {comp}: no selected case of that component "
+                             f"(components: {', '.join(components)})")
+                continue
+            missing = []
+            for f in cases:
+                if f.call.expect_error is None:
+                    for d in ran_dtypes or ["-"]:
+                        if not any(o.case == f.name and o.dtype == d and o.ran for o in mine):
+                            missing.append(f"{f.name} [{d}]")
+                elif getattr(b, "errors", True) and not any(o.case == f.name and o.ran for o in mine):
+                    missing.append(f.name)
+            if missing:
+                more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+                lines.append(f"FAIL backend {b.name}: --require {comp}: {len(missing)} case runs "
+                             f"not covered: {', '.join(missing[:3])}{more}")
+    return list(dict.fromkeys(lines))
+
+
+# --------------------------------------------------------------------------
+# -k expressions
+
+_TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
+
+
+def parse_select(expr: str) -> Callable[[str], bool]:
+    """A predicate on case names from a pytest-style ``-k`` expression.
+
+    Substrings joined by ``and``/``or``/``not`` and parentheses; a bare word
+    matches when it is a substring of the name.
+
+    Raises:
+      ValueError: ``"-k: ..."`` naming what is wrong with the expression.
+    """
+    tokens = _TOKEN.findall(expr)
+    if not tokens:
+        raise ValueError(f"-k: empty expression {expr!r}")
+    pos = 0
+
+    def peek():
+        return tokens[pos] if pos < len(tokens) else None
+
+    def take():
+        nonlocal pos
+        pos += 1
+        return tokens[pos - 1]
+
+    def fail(what):
+        raise ValueError(f"-k: {what} in {expr!r}")
+
+    def parse_or():
+        terms = [parse_and()]
+        while peek() == "or":
+            take()
+            terms.append(parse_and())
+        return lambda n: any(t(n) for t in terms)
+
+    def parse_and():
+        terms = [parse_not()]
+        while peek() == "and":
+            take()
+            terms.append(parse_not())
+        return lambda n: all(t(n) for t in terms)
+
+    def parse_not():
+        if peek() == "not":
+            take()
+            inner = parse_not()
+            return lambda n: not inner(n)
+        return parse_atom()
+
+    def parse_atom():
+        token = peek()
+        if token is None:
+            fail("expression ends early")
+        if token == "(":
+            take()
+            inner = parse_or()
+            if peek() != ")":
+                fail("missing ')'")
+            take()
+            return inner
+        if token in (")", "and", "or"):
+            fail(f"unexpected {token!r}")
+        take()
+        return lambda n, word=token: word in n
+
+    predicate = parse_or()
+    if pos != len(tokens):
+        fail(f"unexpected {tokens[pos]!r} (join words with and/or)")
+    return predicate
 
 
 def matches(expr: str, name: str) -> bool:
@@ -249,13 +557,4 @@ def matches(expr: str, name: str) -> bool:
     >>> matches("mha and not cross", "mha/self/causal")
     True
     """
-    tokens = []
-    for token in _WORD.findall(expr):
-        if token in ("and", "or", "not", "(", ")"):
-            tokens.append(token)
-        else:
-            tokens.append("True" if token in name else "False")
-    try:
-        return bool(eval(" ".join(tokens), {"__builtins__": {}}, {}))  # only True/False/and/or/not
-    except SyntaxError:
-        raise ValueError(f"-k: malformed expression {expr!r}") from None
+    return parse_select(expr)(name)

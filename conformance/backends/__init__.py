@@ -11,7 +11,7 @@ import importlib
 
 from ..protocol import Backend
 
-__all__ = ["BUILTINS", "Unavailable", "load", "load_class"]
+__all__ = ["BUILTINS", "Unavailable", "load", "load_class", "declaration_problem"]
 
 BUILTINS = {
     "numpy": "conformance.backends.numpy_backend:NumpyBackend",
@@ -52,12 +52,35 @@ def load_class(spec: str) -> type[Backend]:
         raise Unavailable(f"module {module_name} has no attribute {class_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise Unavailable(f"{target} is not a subclass of conformance.protocol.Backend")
+    problem = declaration_problem(cls)
+    if problem:
+        raise Unavailable(f"{target}: {problem}")
     for requirement in cls.requires:
         try:
             importlib.import_module(requirement)
         except Exception as exc:
             raise Unavailable(f"requires {requirement} ({_one_line(exc)})") from None
     return cls
+
+
+DTYPES = ("float64", "float32", "bfloat16", "float16")
+
+
+def declaration_problem(cls) -> str | None:
+    """What is wrong with a Backend class's declared capabilities, or None."""
+    name, dtypes, devices = cls.name, cls.dtypes, cls.devices
+    if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
+        return f"name must be a non-empty string without spaces, got {name!r}"
+    if isinstance(dtypes, str) or not dtypes or any(d not in DTYPES for d in dtypes):
+        return f"dtypes must be a non-empty tuple from {DTYPES}, got {dtypes!r}"
+    for attr in ("gradients", "errors"):
+        if not isinstance(getattr(cls, attr), bool):
+            return f"{attr} must be True or False, got {getattr(cls, attr)!r}"
+    if devices is not None and (isinstance(devices, str) or not all(isinstance(d, str) for d in devices)):
+        return f"devices must be None or a tuple of platform names, got {devices!r}"
+    if isinstance(cls.requires, str):
+        return f"requires must be a tuple of module names, got the string {cls.requires!r}"
+    return None
 
 
 def load(spec: str) -> Backend:

@@ -28,6 +28,7 @@ class TorchBackend(Backend):
     name = "torch"
     requires = ("torch",)
     dtypes = ("float64", "float32", "bfloat16")
+    devices = ("cpu", "cuda", "mps", "xpu")
 
     #: extra keyword arguments for every call (the fused subclass adds need_weights=False)
     extra_kwargs: dict = {}

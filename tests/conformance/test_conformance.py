@@ -2,8 +2,10 @@
 
 ``pytest tests/conformance -k "numpy-float32-mha"`` runs what
 ``python -m conformance --backend numpy --dtype float32 -k mha`` runs, with
-the same judge (``conformance.runner.check_case``) and the same fixtures.
-torch and JAX backends come from a fixture that ``importorskip``s them.
+the same judge (``conformance.runner.Session``: each function's cases are
+handed to the adapter as one batch, so the JAX adapter compiles one program
+per function and dtype) and the same fixtures. torch and JAX backends come
+from a fixture that ``importorskip``s them; each is torn down at the end.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 
 from conformance.backends import BUILTINS, Unavailable, load, load_class
 from conformance.fixtures import load_fixture, load_manifest
-from conformance.runner import check_case, check_error
+from conformance.runner import Session
 
 #: third-party modules each built-in needs (importorskip'd by the fixture)
 NEEDS = {"numpy": (), "torch": ("torch",), "torch-fused": ("torch",), "jax": ("jax",)}
@@ -21,6 +23,8 @@ assert set(NEEDS) == set(BUILTINS)
 FIXTURES = {e["name"]: load_fixture(e) for e in load_manifest()["cases"]}
 VALUES = [f for f in FIXTURES.values() if f.call.expect_error is None]
 ERRORS = [f for f in FIXTURES.values() if f.call.expect_error is not None]
+#: a case's batch: every value case of its function (handed to ``Backend.prepare`` at once)
+BATCH = {f.name: [g for g in VALUES if g.call.function == f.call.function] for f in VALUES}
 
 
 def _declared(name):
@@ -51,23 +55,24 @@ VALUE_PARAMS, ERROR_PARAMS = _params()
 
 @pytest.fixture(scope="session")
 def backend(request):
-    """The built-in backend named by the parameter, set up once per session."""
+    """A runner session of the built-in backend named by the parameter: set up
+    once, torn down when the test session ends."""
     for module in NEEDS[request.param]:
         pytest.importorskip(module)
-    instance = load(request.param)
-    instance.setup(None)
-    return instance
+    with Session(load(request.param)) as session:
+        assert session.setup_problem is None, session.setup_problem
+        yield session
 
 
 @pytest.mark.parametrize(("backend", "dtype", "case"), VALUE_PARAMS, indirect=["backend"])
 def test_case_matches_the_fixture(backend, dtype, case):
-    outcome = check_case(backend, FIXTURES[case], dtype)
+    outcome = backend.value(FIXTURES[case], dtype, BATCH[case])
     assert outcome.status == "pass", "\n".join(outcome.problems)
 
 
 @pytest.mark.parametrize(("backend", "case"), ERROR_PARAMS, indirect=["backend"])
 def test_bad_input_raises_the_same_exception(backend, case):
-    outcome = check_error(backend, FIXTURES[case])
+    outcome = backend.error(FIXTURES[case])
     assert outcome.status == "pass", "\n".join(outcome.problems)
 
 

@@ -179,7 +179,7 @@ def test_broken_adapter_exits_nonzero_from_the_command_line():
 
 def test_example_third_party_backend_passes_the_sdpa_cases(capsys, tmp_path):
     report = tmp_path / "report.json"
-    code, out, _ = _run(capsys, "--backend", "examples.my_attention_backend:MyBackend", "--json", str(report))
+    code, out, _ = _run(capsys, "--backend", "conformance.examples.my_attention_backend:MyBackend", "--json", str(report))
     assert code == 0, out
     data = json.loads(report.read_text())
     ran = [r for r in data["results"] if r["status"] == "pass"]

@@ -5,11 +5,14 @@ written from scratch with ``np.einsum`` (forward and hand-derived backward),
 sharing no code with ``numpy_ref``. The adapter at the bottom is all the
 conformance suite needs::
 
-    python -m conformance --backend examples.my_attention_backend:MyBackend
+    python -m conformance --backend conformance.examples.my_attention_backend:MyBackend --require sdpa
 
 It declares float64 and float32, runs only the scaled dot-product attention
-value cases (``supports``), and returns outputs and gradients as numpy arrays.
-See docs/CONFORMANCE.md, "Certify your own backend".
+cases (``supports``), declares no bad-input contract (``errors = False``: the
+error cases are reported as not checked), and returns outputs and gradients
+as numpy arrays. ``MyForwardOnlyBackend`` below is the same kernel certified
+without gradients, as an inference kernel would be. See docs/CONFORMANCE.md,
+"Certify your own backend".
 
 Shape letters: ``...`` batch axes (``B`` or ``B, H``), ``Lq`` queries, ``Lk``
 keys, ``Dk`` query/key width, ``Dv`` value width.
@@ -73,10 +76,12 @@ class MyBackend(Backend):
     name = "my-attention"
     requires = ()  # modules that must import, e.g. ("my_kernels",)
     dtypes = ("float64", "float32")
+    gradients = True  # my_attention_vjp computes them
+    errors = False  # my_attention does not validate its input: error cases not checked
+    devices = ("cpu",)
 
     def supports(self, call: Call) -> bool:
-        # only sdpa, and no bad-input rules (my_attention does not validate)
-        return call.function == "scaled_dot_product_attention" and call.expect_error is None
+        return call.function == "scaled_dot_product_attention"
 
     def run(self, call: Call, dtype: str | None) -> Result:
         kw = call.kwargs
@@ -92,3 +97,20 @@ class MyBackend(Backend):
             None if bias is None else bias.shape,
         )
         return Result(outputs={"out": out, "weights": w}, grads=grads)
+
+
+class MyForwardOnlyBackend(MyBackend):
+    """The same kernel certified for its outputs only (gradients reported as not checked)."""
+
+    name = "my-attention-forward"
+    gradients = False
+
+    def run(self, call: Call, dtype: str | None) -> Result:
+        kw = call.kwargs
+
+        def cast(a):
+            return None if a is None else np.asarray(a, dtype=dtype)
+
+        out, w, _ = my_attention(cast(kw["q"]), cast(kw["k"]), cast(kw["v"]), kw["mask"], cast(kw["bias"]),
+                                 kw["scale"], kw["dropout_mask"], kw["dropout_p"])
+        return Result(outputs={"out": out, "weights": w})

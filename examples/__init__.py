@@ -1,1 +1,0 @@
-"""Examples: a third-party backend certified by the conformance suite."""
