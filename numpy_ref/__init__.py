@@ -1,8 +1,9 @@
 """numpy_ref: the executable specification of Transformer attention.
 
 Pure numpy, float64-exact, with a hand-derived ``*_backward`` for every
-differentiable function. See ``docs/API.md`` for the calling contract and
-``../shared/SPEC.md`` (summarised in the README) for the semantics.
+differentiable function. The semantics are ``docs/SPEC.md`` (its version line
+is ``SPEC_VERSION``), the calling contract ``docs/API.md``, both in the
+repository.
 """
 from .masks import *  # noqa: F401,F403
 from .positional import *  # noqa: F401,F403
