@@ -22,3 +22,29 @@ def test_readme_example_runs(block):
 
 def test_readme_has_examples():
     assert len(BLOCKS) >= 3
+
+
+SAMPLE = re.search(r"<!-- conformance-sample:begin -->\n```\n(.*?)```\n<!-- conformance-sample:end -->",
+                   README, re.S)
+_NUMBER = re.compile(r"\d+\.\d+(?:e[-+]?\d+)?|\d+e[-+]?\d+")
+
+
+def test_readme_sample_output_is_what_the_command_prints(capsys):
+    """The block is a fresh run of the command it names. Counts, names and the
+    layout must match exactly; error ratios (BLAS-dependent in float32) within
+    a factor of 3; the run time is not compared."""
+    from conformance.__main__ import main
+
+    assert SAMPLE, "README lacks the conformance-sample block"
+    assert main(["--backend", "numpy", "-k", "mha or encoder"]) == 0
+    got = capsys.readouterr().out.rstrip("\n").splitlines()
+    want = SAMPLE.group(1).rstrip("\n").splitlines()
+    message = "README sample is stale; a fresh run prints:\n" + "\n".join(got)
+    assert len(got) == len(want), message
+    for g, w in zip(got, want):
+        if g.startswith("PASSED:"):
+            g, w = g.rsplit(",", 1)[0], w.rsplit(",", 1)[0]  # the seconds
+        assert _NUMBER.sub("#", g) == _NUMBER.sub("#", w), message
+        for a, b in zip(_NUMBER.findall(g), _NUMBER.findall(w)):
+            a, b = float(a), float(b)
+            assert (a == b == 0) or (a > 0 and b > 0 and 1 / 3 <= a / b <= 3), message

@@ -298,6 +298,7 @@ def _scratch_pytest(tmp_path, *args):
     )
 
 
+@pytest.mark.slow
 def test_pytest_plugin_runs_the_catalog_in_a_scratch_project(tmp_path):
     proc = _scratch_pytest(tmp_path, "--attention-backend", f"{EXAMPLE}:MyBackend", "-rA",
                            "--junitxml", str(tmp_path / "j.xml"))
@@ -310,6 +311,7 @@ def test_pytest_plugin_runs_the_catalog_in_a_scratch_project(tmp_path):
     assert any(c.get("name") == "my-attention-float64-sdpa/cross/none" for c in cases)
 
 
+@pytest.mark.slow
 def test_pytest_plugin_fails_a_vacuous_adapter_and_reports_a_broken_case(tmp_path):
     proc = _scratch_pytest(tmp_path, "--attention-backend", f"{BROKEN}:NeverSupports",
                            "--attention-backend", f"{BROKEN}:BrokenBackend", "-k", "linear or mha/cross")
@@ -319,12 +321,14 @@ def test_pytest_plugin_fails_a_vacuous_adapter_and_reports_a_broken_case(tmp_pat
     assert "ran no value case in float64" in proc.stdout
 
 
+@pytest.mark.slow
 def test_pytest_plugin_refuses_an_unknown_backend_with_one_line(tmp_path):
     proc = _scratch_pytest(tmp_path, "--attention-backend", "no_such_pkg:Fast")
     assert proc.returncode == 4  # pytest's usage error
     assert "--attention-backend no_such_pkg:Fast: cannot run" in proc.stderr
 
 
+@pytest.mark.slow
 def test_our_own_run_has_no_catalog_items_unless_asked(tmp_path):
     proc = _scratch_pytest(tmp_path)
     assert proc.returncode == 0 and "1 passed" in proc.stdout

@@ -25,6 +25,7 @@ def test_the_workflow_has_the_command_line_and_the_pytest_entry_points():
     assert all("--junit" in c for c in COMMANDS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS, ids=["cli", "pytest-plugin"])
 def test_a_workflow_command_passes_and_writes_its_reports(tmp_path, command):
     argv = [sys.executable, *shlex.split(command)[1:]]

@@ -163,6 +163,7 @@ def test_unloadable_backend_has_a_one_line_reason(spec, reason):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_broken_adapter_exits_nonzero_from_the_command_line():
     proc = subprocess.run(
         [sys.executable, "-m", "conformance", "--backend", f"{BROKEN}:BrokenBackend", "-k", "mha/cross"],
