@@ -32,7 +32,7 @@ class NotInstalled:
         return None
 
 sys.meta_path.insert(0, NotInstalled())
-sys.argv = [package, *args]
+sys.argv = ["-m", *args]  # as `python -m` sets it while it locates the module
 runpy.run_module(package, run_name="__main__", alter_sys=True)
 """
 
@@ -118,18 +118,10 @@ def test_a_seed_that_is_not_an_integer_exits_2_naming_the_option(package):
 # a mirror without its framework
 
 # ``python -m torch_impl`` imports the package ``torch_impl`` before its
-# ``__main__``, and the package imports torch (same for jax_impl). Until the
-# package itself imports without its framework, the one-line report in
-# ``__main__`` cannot be reached; these tests say what is expected and will
-# XPASS (and so fail, strict) once it can.
-PACKAGE_IMPORTS_FRAMEWORK = pytest.mark.xfail(
-    strict=True,
-    reason="torch_impl/__init__.py and jax_impl/__init__.py import their framework before "
-           "__main__ runs, so a missing one is a traceback from the package import",
-)
+# ``__main__``; without torch the package imports empty in that one case
+# (``sys.argv[0] == "-m"``), so ``__main__`` can print its usage or one line.
 
 
-@PACKAGE_IMPORTS_FRAMEWORK
 @pytest.mark.parametrize("package", list(FRAMEWORK))
 def test_without_its_framework_a_mirror_demo_prints_one_line_on_how_to_install_and_exits_1(package):
     framework = FRAMEWORK[package]
@@ -142,7 +134,6 @@ def test_without_its_framework_a_mirror_demo_prints_one_line_on_how_to_install_a
     assert f'pip install "attention-spec[{framework}]"' in lines[0]
 
 
-@PACKAGE_IMPORTS_FRAMEWORK
 @pytest.mark.parametrize("package", list(FRAMEWORK))
 def test_without_its_framework_a_mirror_demo_still_prints_help(package):
     result = _demo_without([FRAMEWORK[package]], package, "--help")
@@ -168,3 +159,21 @@ def test_missing_line_is_one_line_naming_the_package_the_reason_and_the_command(
     assert "\n" not in line
     assert line == ("python -m torch_impl needs PyTorch, which is not installed "
                     "(No module named 'torch'): pip install \"attention-spec[torch]\"")
+
+
+@pytest.mark.parametrize("package", list(FRAMEWORK))
+def test_importing_a_mirror_without_its_framework_says_what_to_install(package):
+    framework = FRAMEWORK[package]
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name == {framework!r} or name.startswith({framework + '.'!r}):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        f"import {package}\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: ") and f'pip install "attention-spec[{framework}]"' in last

@@ -3,8 +3,25 @@
 Same files, same function names, same semantics as ``numpy_ref``; gradients
 come from autograd. Requires ``torch`` (``pip install attention-spec[torch]``).
 """
-from .masks import *  # noqa: F401,F403
-from .positional import *  # noqa: F401,F403
-from .attention import *  # noqa: F401,F403
-from .layers import *  # noqa: F401,F403
-from .encoder import *  # noqa: F401,F403
+import sys as _sys
+
+try:
+    import torch as _framework  # noqa: F401
+except ModuleNotFoundError as _exc:
+    if _exc.name not in ("torch",):
+        raise
+    if _sys.argv[:1] != ["-m"]:
+        raise ModuleNotFoundError(
+            f"torch_impl needs PyTorch, which is not installed ({_exc}): pip install "
+            '"attention-spec[torch]"',
+            name=_exc.name,
+        ) from None
+    # ``python -m torch_impl`` is locating its __main__ (sys.argv[0] is "-m" until
+    # then): let the package import empty, so that __main__ can print its usage
+    # or say in one line what to install, instead of a traceback from here.
+else:
+    from .masks import *  # noqa: F401,F403
+    from .positional import *  # noqa: F401,F403
+    from .attention import *  # noqa: F401,F403
+    from .layers import *  # noqa: F401,F403
+    from .encoder import *  # noqa: F401,F403

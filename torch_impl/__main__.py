@@ -41,7 +41,7 @@ is the largest difference from numpy_ref's output."""
 
 INSTALL = (
     'pip install "attention-spec[torch]" (on a machine without a GPU, install a CPU build '
-    "of torch first: pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+    'of torch first, e.g. pip install "torch==2.13.0" from PyTorch\'s CPU wheels)'
 )
 
 
