@@ -72,9 +72,9 @@ def report(x, out, weights, seed: int = reference.SEED) -> None:
 
 def main(argv=None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the example, return the exit status."""
-    args = reference.parser("jax_impl", DESCRIPTION).parse_args(argv)
+    args = reference._parser("jax_impl", DESCRIPTION).parse_args(argv)
     if _MISSING is not None:
-        print(reference.missing_line("jax_impl", "JAX", _MISSING, INSTALL), file=sys.stderr)
+        print(reference._missing_line("jax_impl", "JAX", _MISSING, INSTALL), file=sys.stderr)
         return 1
     jax.config.update("jax_enable_x64", True)
     report(*jax.jit(run)(*tutorial_inputs(args.seed)), seed=args.seed)

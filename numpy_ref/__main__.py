@@ -9,8 +9,8 @@ run.
 ``python -m torch_impl`` and ``python -m jax_impl`` run the same example on
 the same inputs and weights (``tutorial_inputs``) and print the same report,
 plus their largest difference from this one. They share this module's
-command line (``parser``) and its one-line report of a missing framework
-(``missing_line``).
+command line (``_parser``) and its one-line report of a missing framework
+(``_missing_line``).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ padding mask hides its last {LENGTH - LENGTHS[1]} keys. Prints the shapes, the o
 and the largest attention weight on a padded key (0.0: masking is exact)."""
 
 
-def parser(package: str, description: str) -> argparse.ArgumentParser:
+def _parser(package: str, description: str) -> argparse.ArgumentParser:
     """The demos' command line: ``python -m <package> [--seed N]``."""
     p = argparse.ArgumentParser(
         prog=f"python -m {package}",
@@ -55,7 +55,7 @@ def parser(package: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def missing_line(package: str, framework: str, exc: BaseException, install: str) -> str:
+def _missing_line(package: str, framework: str, exc: BaseException, install: str) -> str:
     """One line for stderr: what ``python -m <package>`` misses, why, and how to install it."""
     lines = str(exc).strip().splitlines()
     why = lines[0] if lines else type(exc).__name__
@@ -92,7 +92,7 @@ def report(x, out, weights) -> None:
 
 def main(argv=None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the example, return the exit status."""
-    args = parser("numpy_ref", EXAMPLE).parse_args(argv)
+    args = _parser("numpy_ref", EXAMPLE).parse_args(argv)
     report(*run(*tutorial_inputs(args.seed)))
     return 0
 

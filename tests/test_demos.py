@@ -152,10 +152,10 @@ def test_a_missing_module_of_our_own_still_raises_with_its_traceback(package):
 
 
 def test_missing_line_is_one_line_naming_the_package_the_reason_and_the_command():
-    from numpy_ref.__main__ import missing_line
+    from numpy_ref.__main__ import _missing_line
 
     exc = ModuleNotFoundError("No module named 'torch'\n(and a second line)", name="torch")
-    line = missing_line("torch_impl", "PyTorch", exc, 'pip install "attention-spec[torch]"')
+    line = _missing_line("torch_impl", "PyTorch", exc, 'pip install "attention-spec[torch]"')
     assert "\n" not in line
     assert line == ("python -m torch_impl needs PyTorch, which is not installed "
                     "(No module named 'torch'): pip install \"attention-spec[torch]\"")

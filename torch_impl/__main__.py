@@ -75,9 +75,9 @@ def report(x, out, weights, seed: int = reference.SEED) -> None:
 
 def main(argv=None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the example, return the exit status."""
-    args = reference.parser("torch_impl", DESCRIPTION).parse_args(argv)
+    args = reference._parser("torch_impl", DESCRIPTION).parse_args(argv)
     if _MISSING is not None:
-        print(reference.missing_line("torch_impl", "PyTorch", _MISSING, INSTALL), file=sys.stderr)
+        print(reference._missing_line("torch_impl", "PyTorch", _MISSING, INSTALL), file=sys.stderr)
         return 1
     with torch.no_grad():
         report(*run(*tutorial_inputs(args.seed)), seed=args.seed)
