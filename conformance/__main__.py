@@ -134,21 +134,51 @@ def _list(args, backends, info) -> int:
 
 
 def _generate(argv) -> int:
-    from .fixtures import generate
+    """``generate [--out DIR] [--check]``.
 
-    p = argparse.ArgumentParser(prog="python -m conformance generate",
-                                description="Rewrite the fixtures from numpy_ref (float64).")
-    p.add_argument("--out", default=str(DEFAULT_DIR), help="output directory")
+    Exit status: 0 done (with --check: the folder matches within the noise
+    floor); 1 with --check when anything differs, or when numpy_ref fails a
+    case; 2 when DIR is not a folder generate may write (nothing written).
+    """
+    from .fixtures import NOISE_RTOL, FolderError, generate
+
+    p = argparse.ArgumentParser(
+        prog="python -m conformance generate",
+        description="Rewrite the fixtures from numpy_ref (float64). Only files whose arrays changed "
+        f"beyond the noise floor (rtol {NOISE_RTOL:g} of each array's max magnitude) are written; "
+        "only .npz files the old manifest lists are ever removed.")
+    p.add_argument("--out", default=str(DEFAULT_DIR), metavar="DIR",
+                   help="fixture directory: new, empty, or holding a manifest.json of ours")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; print one line per missing/differing/stale case, exit 1 if any")
     args = p.parse_args(argv)
     start = time.perf_counter()
     try:
-        manifest = generate(args.out)
+        report = generate(args.out, check=args.check)
+    except FolderError as exc:  # checked before anything is written
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    for line in report.changes:
+        print(line)
+    cases = len(report.manifest["cases"])
+    seconds = time.perf_counter() - start
+    noise = (f"{len(report.noisy)} within the noise floor, worst {report.worst:.2g} of it"
+             if report.noisy else "all bit-identical")
+    if args.check:
+        if report.clean:
+            print(f"ok: {args.out} matches the {cases} cases ({noise}) in {seconds:.1f} s")
+            return 0
+        print(f"FAILED: {args.out} differs from the catalog in {len(report.changes)} place(s); "
+              "run `python -m conformance generate` to update it", file=sys.stderr)
+        return 1
     size = sum(f.stat().st_size for f in Path(args.out).iterdir() if f.is_file())
-    print(f"wrote {len(manifest['cases'])} cases (spec {manifest['spec_version']}) to {args.out}: "
-          f"{size / 1024:.0f} KiB in {time.perf_counter() - start:.1f} s")
+    print(f"{cases} cases (spec {report.manifest['spec_version']}) in {args.out}: wrote {len(report.written)}, "
+          f"kept {len(report.kept)} ({noise}), removed {len(report.removed)} stale; "
+          f"manifest {'rewritten' if report.manifest_changed else 'unchanged'}; "
+          f"{size / 1024:.0f} KiB in {seconds:.1f} s")
     return 0
 
 

@@ -1,16 +1,26 @@
 """The catalog and the committed fixtures: coverage, size, and reproducibility."""
 from __future__ import annotations
 
+import copy
+import hashlib
+import io
 import json
+import os
+import shutil
+import zipfile
 from collections import Counter
 
 import numpy as np
 import pytest
 
 import numpy_ref
+from conformance import fixtures as fixtures_module
 from conformance.cases import CASES, COMPONENTS, cases, component
-from conformance.fixtures import DEFAULT_DIR, generate, load_fixture, load_manifest
+from conformance.fixtures import (
+    DEFAULT_DIR, MAX_FILE_BYTES, FixtureError, ManifestError, case_file, generate, load_fixture, load_manifest,
+)
 from conformance.protocol import flatten
+from conformance.runner import load_all
 
 # Regenerating must reproduce the committed arrays. Not bit for bit: numpy's
 # float64 is deterministic for a given BLAS, but another BLAS (or thread count,
@@ -62,7 +72,7 @@ def test_fixtures_stay_small():
 
 
 def test_regenerated_fixtures_agree_with_the_committed_copies(tmp_path):
-    fresh = generate(tmp_path)
+    fresh = generate(tmp_path).manifest
     committed = load_manifest()
     strip = ("sha256",)
     assert [{k: v for k, v in e.items() if k not in strip} for e in fresh["cases"]] == [
@@ -87,3 +97,316 @@ def test_manifest_is_plain_json_with_a_checksum_per_file():
     files = {e["file"] for e in manifest["cases"]}
     assert files == {p.name for p in DEFAULT_DIR.glob("*.npz")}
     assert all(len(e["sha256"]) == 64 for e in manifest["cases"])
+
+
+def test_every_committed_fixture_passes_the_manifest_and_member_checks():
+    manifest = load_manifest()
+    loaded = [load_fixture(entry) for entry in manifest["cases"]]
+    assert len(loaded) == len(CASES)
+
+
+# --------------------------------------------------------------------------
+# malformed manifests: one FixtureError per bad case, naming it and the field
+
+VALUE = "sdpa/cross/none"
+ERROR = "masks/error/padding-lengths-and-tokens"
+
+
+def _committed_entry(name):
+    return copy.deepcopy(next(e for e in load_manifest()["cases"] if e["name"] == name))
+
+
+def _folder(tmp_path, entries, files=(VALUE, ERROR)):
+    """A fixture folder holding ``entries`` as its manifest and the committed files of ``files``."""
+    folder = tmp_path / "fixtures"
+    folder.mkdir(exist_ok=True)
+    for name in files:
+        shutil.copy(DEFAULT_DIR / case_file(name), folder / case_file(name))
+    manifest = {"format": 1, "spec_version": numpy_ref.SPEC_VERSION, "cases": entries}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def _problems(folder):
+    """``{name: message}`` of every case of ``folder`` that does not load, as the runner sees them."""
+    fixtures, broken = load_all(folder)
+    return {b.name: b.problem for b in broken}, [f.name for f in fixtures]
+
+
+def _set(field, value):
+    def mutate(entry):
+        entry[field] = value
+        return entry
+    return mutate
+
+
+def _drop(field):
+    def mutate(entry):
+        del entry[field]
+        return entry
+    return mutate
+
+
+def _kwarg(key, value):
+    def mutate(entry):
+        entry["kwargs"][key] = value
+        return entry
+    return mutate
+
+
+MALFORMED = {
+    # (mutation, label the message starts with, words it must contain)
+    "a string": (lambda e: VALUE, "<entry 0>", ["a string", "expected an object"]),
+    "null": (lambda e: None, "<entry 0>", ["null", "expected an object"]),
+    "a list": (lambda e: [e], "<entry 0>", ["a list", "expected an object"]),
+    "wrt as an int": (_set("wrt", 3), VALUE, ["'wrt'", "list of strings", "integer"]),
+    "wrt naming no input": (_set("wrt", ["q", "nope"]), VALUE, ["'wrt'", "'nope'"]),
+    "wrt naming a mask": (_set("wrt", ["mask"]), VALUE, ["'wrt'"]),
+    "missing name": (_drop("name"), "<entry 0>", ["'name'", "missing"]),
+    "name an int": (_set("name", 7), "<entry 0>", ["'name'", "must be a string"]),
+    "name with dotdot": (_set("name", "sdpa/../../etc"), "<entry 0>", ["'name'", "component/variant"]),
+    "name with a space": (_set("name", "sdpa/cross none"), "<entry 0>", ["'name'"]),
+    "name without variant": (_set("name", "sdpa"), "<entry 0>", ["'name'"]),
+    "component not the name's": (_set("component", "mha"), VALUE, ["'component'"]),
+    "missing function": (_drop("function"), VALUE, ["'function'", "missing"]),
+    "function a dotted path": (_set("function", "os.system"), VALUE, ["'function'", "identifier"]),
+    "function a list": (_set("function", ["softmax"]), VALUE, ["'function'", "a list"]),
+    "missing module": (_drop("module"), VALUE, ["'module'", "missing"]),
+    "module null": (_set("module", None), VALUE, ["'module'", "null"]),
+    "unknown tolerance class": (_set("tolerance", "loose"), VALUE, ["'tolerance'", "'loose'"]),
+    "missing kwargs": (_drop("kwargs"), VALUE, ["'kwargs'", "missing"]),
+    "kwargs a list": (_set("kwargs", []), VALUE, ["'kwargs'", "an object"]),
+    "array ref with a string shape": (
+        _kwarg("q", {"$array": "q", "shape": "2,3", "dtype": "float64"}), VALUE, ["'kwargs'", "shape"]),
+    "array ref with a negative shape": (
+        _kwarg("q", {"$array": "q", "shape": [-1], "dtype": "float64"}), VALUE, ["'kwargs'", "shape"]),
+    "array ref of object dtype": (
+        _kwarg("q", {"$array": "q", "shape": [2, 3, 5, 4], "dtype": "object"}), VALUE, ["'kwargs'", "'object'"]),
+    "array ref renamed": (
+        _kwarg("q", {"$array": "k", "shape": [2, 3, 5, 4], "dtype": "float64"}), VALUE, ["'kwargs'", "named"]),
+    "array ref of 8 GB": (
+        _kwarg("q", {"$array": "q", "shape": [2**30], "dtype": "float64"}), VALUE, ["'kwargs'", "cap"]),
+    "missing outputs": (_drop("outputs"), VALUE, ["'outputs'", "missing"]),
+    "outputs a string": (_set("outputs", "out"), VALUE, ["'outputs'", "list of strings"]),
+    "outputs holding a number": (_set("outputs", ["out", 1]), VALUE, ["'outputs'", "list of strings"]),
+    "missing error": (_drop("error"), VALUE, ["'error'", "missing"]),
+    "error a string": (_set("error", "ValueError"), VALUE, ["'error'", "a string"]),
+    "error without arg": (_set("error", {"type": "ValueError", "message": "x"}), VALUE, ["'error'", "'arg'"]),
+    "missing file": (_drop("file"), VALUE, ["'file'", "missing"]),
+    "file an int": (_set("file", 1), VALUE, ["'file'", "must be a string"]),
+    "file /dev/zero": (_set("file", "/dev/zero"), VALUE, ["'file'", "bare file name"]),
+    "file in a subfolder": (_set("file", "sub/x.npz"), VALUE, ["'file'", "bare file name"]),
+    "file going up": (_set("file", "../fixtures/sdpa__cross__none.npz"), VALUE, ["'file'", "bare file name"]),
+    "file with a backslash": (_set("file", "..\\x.npz"), VALUE, ["'file'", "bare file name"]),
+    "file dotdot": (_set("file", ".."), VALUE, ["'file'", "bare file name"]),
+    "file not an npz": (_set("file", "manifest.json"), VALUE, ["'file'", ".npz"]),
+    "missing sha256": (_drop("sha256"), VALUE, ["'sha256'", "missing"]),
+    "sha256 a number": (_set("sha256", 12), VALUE, ["'sha256'", "must be a string"]),
+    "sha256 too short": (_set("sha256", "abc"), VALUE, ["'sha256'", "hex"]),
+    "seed a string": (_set("seed", "42"), VALUE, ["'seed'"]),
+}
+
+
+@pytest.mark.parametrize("variant", list(MALFORMED))
+def test_malformed_manifest_entry_is_a_one_line_fixture_error_naming_case_and_field(tmp_path, variant):
+    mutate, label, words = MALFORMED[variant]
+    good = _committed_entry(ERROR)
+    folder = _folder(tmp_path, [mutate(_committed_entry(VALUE)), good])
+    manifest = load_manifest(folder)
+    with pytest.raises(FixtureError) as info:
+        load_fixture(manifest["cases"][0], folder)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{label}: "), message
+    for word in words:
+        assert word in message, message
+    # the runner reports it as one broken case; the good case still loads
+    broken, loaded = _problems(folder)
+    assert broken == {label: message} and loaded == [ERROR]
+
+
+@pytest.mark.parametrize("variant", ["wrt as an int", "file /dev/zero", "missing kwargs", "sha256 a number"])
+def test_load_fixture_validates_a_raw_entry_too(variant):
+    mutate, _, words = MALFORMED[variant]
+    with pytest.raises(FixtureError) as info:
+        load_fixture(mutate(_committed_entry(VALUE)))
+    assert all(word in str(info.value) for word in words)
+
+
+def test_error_entry_with_gradients_is_refused(tmp_path):
+    entry = _committed_entry(ERROR)
+    entry["wrt"] = ["lengths"]
+    with pytest.raises(FixtureError, match=r"'wrt'"):
+        load_fixture(entry, _folder(tmp_path, [entry]))
+
+
+def test_duplicate_case_names_are_refused_after_the_first(tmp_path):
+    first, second = _committed_entry(VALUE), _committed_entry(VALUE)
+    broken, loaded = _problems(_folder(tmp_path, [first, second]))
+    assert loaded == [VALUE]
+    assert "duplicate" in broken[VALUE] and "'name'" in broken[VALUE]
+
+
+def test_catalog_names_and_files_follow_the_manifest_rules():
+    for case in CASES:
+        assert fixtures_module._NAME.fullmatch(case.name), case.name
+        assert fixtures_module._FILE.fullmatch(case_file(case.name)), case.name
+
+
+# --------------------------------------------------------------------------
+# the file: nothing outside the folder, nothing but a small regular file
+
+
+def _entry_for(tmp_path, filename):
+    entry = _committed_entry(VALUE)
+    entry["file"] = filename
+    return entry, _folder(tmp_path, [entry])
+
+
+def test_symlink_to_dev_zero_is_refused_unread(tmp_path):
+    entry, folder = _entry_for(tmp_path, "zero.npz")
+    os.symlink("/dev/zero", folder / "zero.npz")
+    with pytest.raises(FixtureError, match=r"sdpa/cross/none: fixture file zero.npz is a symbolic link"):
+        load_fixture(entry, folder)
+
+
+def test_symlink_to_a_valid_fixture_outside_the_folder_is_refused(tmp_path):
+    entry, folder = _entry_for(tmp_path, "outside.npz")
+    os.symlink(DEFAULT_DIR / case_file(VALUE), folder / "outside.npz")
+    with pytest.raises(FixtureError, match="symbolic link"):
+        load_fixture(entry, folder)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_is_refused_without_blocking(tmp_path):
+    entry, folder = _entry_for(tmp_path, "pipe.npz")
+    os.mkfifo(folder / "pipe.npz")
+    with pytest.raises(FixtureError, match="not a regular file"):
+        load_fixture(entry, folder)
+
+
+def test_directory_in_place_of_a_file_is_refused(tmp_path):
+    entry, folder = _entry_for(tmp_path, "dir.npz")
+    (folder / "dir.npz").mkdir()
+    with pytest.raises(FixtureError, match="not a regular file"):
+        load_fixture(entry, folder)
+
+
+def test_file_over_the_size_cap_is_refused_before_reading(tmp_path, monkeypatch):
+    assert MAX_FILE_BYTES == 64 * 2**20
+    entry, folder = _entry_for(tmp_path, case_file(VALUE))
+    monkeypatch.setattr(fixtures_module, "MAX_FILE_BYTES", 1000)
+    with pytest.raises(FixtureError, match=r"over the 1000-byte cap"):
+        load_fixture(entry, folder)
+
+
+def test_manifest_symlinked_to_dev_zero_is_a_manifest_error(tmp_path):
+    folder = tmp_path / "fixtures"
+    folder.mkdir()
+    os.symlink("/dev/zero", folder / "manifest.json")
+    with pytest.raises(ManifestError, match="symbolic link"):
+        load_manifest(folder)
+
+
+def test_deeply_nested_manifest_is_a_manifest_error(tmp_path):
+    folder = tmp_path / "fixtures"
+    folder.mkdir()
+    (folder / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ManifestError, match="unreadable manifest"):
+        load_manifest(folder)
+
+
+# --------------------------------------------------------------------------
+# .npz members: checked against the manifest before any array data is read
+
+
+def _committed_arrays(name=VALUE):
+    with np.load(DEFAULT_DIR / case_file(name)) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def _npy(array=None, *, header=None, data=None):
+    """The bytes of one ``.npy`` member; ``header`` overrides what the header says."""
+    body = io.BytesIO()
+    if header is None:
+        np.lib.format.write_array(body, array, allow_pickle=False)
+        return body.getvalue()
+    np.lib.format.write_array_header_1_0(body, header)
+    return body.getvalue() + (data if data is not None else b"")
+
+
+def _write_members(tmp_path, members):
+    """A folder whose VALUE case is the zip of ``{member name: bytes}``, its sha256 in the manifest."""
+    entry = _committed_entry(VALUE)
+    folder = _folder(tmp_path, [entry], files=())
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for name, body in members.items():
+            zf.writestr(name, body)
+    (folder / entry["file"]).write_bytes(buffer.getvalue())
+    entry["sha256"] = hashlib.sha256(buffer.getvalue()).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(
+        {"format": 1, "spec_version": numpy_ref.SPEC_VERSION, "cases": [entry]}))
+    return entry, folder
+
+
+def _members(**changes):
+    members = {f"{k}.npy": _npy(a) for k, a in _committed_arrays().items()}
+    for key, body in changes.items():
+        key = key.replace("__", "/") + ".npy"
+        if body is None:
+            del members[key]
+        else:
+            members[key] = body
+    return members
+
+
+def test_committed_members_rezipped_still_load(tmp_path):
+    entry, folder = _write_members(tmp_path, _members())
+    fixture = load_fixture(entry, folder)
+    np.testing.assert_array_equal(fixture.outputs["out"], _committed_arrays()["out/out"])
+
+
+def test_member_with_the_wrong_shape_in_its_header_is_rejected_before_its_data_is_read(tmp_path, monkeypatch):
+    # the header claims 8 GB and no data follows: reading it would fail otherwise
+    header = {"descr": "<f8", "fortran_order": False, "shape": (1000, 1000, 1000)}
+    entry, folder = _write_members(tmp_path, _members(in__q=_npy(header=header)))
+    reads = []
+    real = np.lib.format.read_array
+    monkeypatch.setattr(np.lib.format, "read_array", lambda *a, **k: reads.append(a) or real(*a, **k))
+    with pytest.raises(FixtureError) as info:
+        load_fixture(entry, folder)
+    assert "in/q: header says float64[1000, 1000, 1000], the manifest says float64[2, 3, 5, 4]" in str(info.value)
+    assert reads == []
+
+
+def test_member_of_object_dtype_is_refused_unread(tmp_path, monkeypatch):
+    header = {"descr": "|O", "fortran_order": False, "shape": (2, 3, 5, 4)}
+    entry, folder = _write_members(tmp_path, _members(in__q=_npy(header=header, data=b"\x80\x04junk")))
+    monkeypatch.setattr(np.lib.format, "read_array", lambda *a, **k: pytest.fail("data read"))
+    with pytest.raises(FixtureError, match=r"in/q: dtype \|O refused"):
+        load_fixture(entry, folder)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"out__weights": None}, "has no array 'out/weights'"),
+        ({"grad__q": None}, "has no array 'grad/q'"),
+        ({"in__extra": _npy(np.zeros(2))}, "unexpected member 'in/extra.npy'"),
+        ({"grad__q": _npy(np.zeros((2, 3, 5, 4), dtype=np.int64))}, "grad/q: dtype <i8 refused"),
+        ({"out__out": _npy(np.array(["a", "b"]))}, "out/out: dtype <U1 refused"),
+        ({"cot__out": _npy(np.zeros((2, 3, 5, 5)))}, "cot/out: shape [2, 3, 5, 5], but out/out is [2, 3, 5, 6]"),
+        ({"grad_out_only__k": _npy(np.zeros((2, 3, 7, 5)))}, "grad_out_only/k: header says float64[2, 3, 7, 5]"),
+        ({"in__v": _npy(np.zeros((2, 3, 7, 6), dtype=np.float32))}, "in/v: dtype <f4 refused"),
+        ({"in__q": _npy(header={"descr": "<f8", "fortran_order": False, "shape": (2, 3, 5, 4)}, data=b"\0" * 8)},
+         "in/q: member is"),
+    ],
+    ids=["missing output", "missing gradient", "extra member", "int gradient", "string output",
+         "cotangent shape", "gradient shape", "input dtype", "truncated data"],
+)
+def test_npz_members_disagreeing_with_the_manifest_are_refused(tmp_path, changes, message):
+    entry, folder = _write_members(tmp_path, _members(**changes))
+    with pytest.raises(FixtureError) as info:
+        load_fixture(entry, folder)
+    assert message in str(info.value) and str(info.value).startswith(f"{VALUE}: {entry['file']}: ")
