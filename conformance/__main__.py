@@ -6,7 +6,7 @@ Usage::
     python -m conformance --backend numpy --dtype float32 -k "mha and not error"
     python -m conformance --backend my_pkg.my_module:MyBackend --require all --junit junit.xml
     python -m conformance --list                # cases and backends
-    python -m conformance generate [--check]    # rewrite (or compare) conformance/fixtures from numpy_ref
+    python -m conformance generate [--check]    # bring conformance/fixtures up to date with numpy_ref (or only compare)
     python -m conformance bench ...             # conformance.bench:main
 
 Exit status: 0 when every case passed and every backend certified something;
@@ -140,7 +140,7 @@ def _generate(argv) -> int:
     floor); 1 with --check when anything differs, or when numpy_ref fails a
     case; 2 when DIR is not a folder generate may write (nothing written).
     """
-    from .fixtures import NOISE_RTOL, FolderError, generate
+    from .generate import NOISE_RTOL, FolderError, generate
 
     p = argparse.ArgumentParser(
         prog="python -m conformance generate",

@@ -17,8 +17,9 @@ import numpy_ref
 from conformance import fixtures as fixtures_module
 from conformance.cases import CASES, COMPONENTS, cases, component
 from conformance.fixtures import (
-    DEFAULT_DIR, MAX_FILE_BYTES, FixtureError, ManifestError, case_file, generate, load_fixture, load_manifest,
+    DEFAULT_DIR, MAX_FILE_BYTES, FixtureError, ManifestError, case_file, load_fixture, load_manifest,
 )
+from conformance.generate import generate
 from conformance.protocol import flatten
 from conformance.runner import load_all
 

@@ -12,9 +12,8 @@ import pytest
 
 from conformance.__main__ import main
 from conformance.cases import CASES
-from conformance.fixtures import (
-    DEFAULT_DIR, NOISE_RTOL, FolderError, case_file, generate, load_fixture, load_manifest, save_npz,
-)
+from conformance.fixtures import DEFAULT_DIR, case_file, load_fixture, load_manifest, save_npz
+from conformance.generate import NOISE_RTOL, FolderError, generate
 
 VALUE = "sdpa/cross/none"  # a value case with gradients and two outputs
 OTHER = "mha/self/causal"
