@@ -226,23 +226,14 @@ class _Bad(Exception):
         super().__init__(f"manifest field {field!r} {problem}")
 
 
+#: JSON kinds for messages; bool before int (a bool is an int in Python)
+_KINDS = ((type(None), "null"), (bool, "a boolean"), (int, "an integer"), (float, "a number"),
+          (str, "a string"), (list, "a list"), (dict, "an object"))
+
+
 def _kind(value) -> str:
     """The JSON kind of ``value``, for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    return next((name for t, name in _KINDS if isinstance(value, t)), type(value).__name__)
 
 
 def _string(entry: dict, field: str, pattern: re.Pattern | None = None, what: str = "") -> str:

@@ -5,7 +5,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -38,11 +37,9 @@ def _snapshot(folder):
 
 
 @pytest.fixture
-def folder(tmp_path):
-    """A private copy of the committed fixtures."""
-    target = tmp_path / "fixtures"
-    shutil.copytree(DEFAULT_DIR, target)
-    return target
+def folder(fixtures_copy):
+    """A private copy of the committed fixtures (tests/conformance/conftest.py)."""
+    return fixtures_copy
 
 
 def _cli(capsys, *argv):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,21 +11,13 @@ import pytest
 
 from conformance.__main__ import main
 from conformance.backends import Unavailable, load
-from conformance.fixtures import DEFAULT_DIR, case_file
+from conformance.fixtures import case_file
 from conformance.runner import matches
 from conformance.tolerances import error_ratio
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKEN = "tests.conformance.broken_backend"
 SELECT = "sdpa/cross or mha/cross"  # holds both TARGET cases of broken_backend
-
-
-@pytest.fixture
-def fixtures_copy(tmp_path):
-    """A private copy of the committed fixtures to damage."""
-    target = tmp_path / "fixtures"
-    shutil.copytree(DEFAULT_DIR, target)
-    return target
 
 
 def _run(capsys, *argv):
