@@ -40,7 +40,8 @@ def _known_to_jaxlib(names):
         return set()
     found = set()
     for location in spec.submodule_search_locations:
-        for path in glob.glob(os.path.join(location, "*.so")) + glob.glob(os.path.join(location, "*.pyd")):
+        paths = (glob.glob(os.path.join(location, f"*.{ext}")) for ext in ("so", "dylib", "pyd", "dll"))
+        for path in (p for group in paths for p in group):
             try:
                 with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
                     found.update(n for n in names if n not in found and m.find(n.encode()) >= 0)

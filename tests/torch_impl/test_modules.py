@@ -341,7 +341,8 @@ def test_encoder_compiles_as_one_graph_in_training_mode_with_dropout():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in enc.parameters())
 
 
-@pytest.mark.slow  # inductor's first compile on a cold cache: 30-42 s on 2 shared CPU cores
+@pytest.mark.slow  # inductor's first compile on a cold cache (g++ builds its kernels): 10-15 s on
+# 2 quiet CPU cores, 30-42 s on shared ones; ~3 s once the cache in /tmp is warm
 def test_torch_compile_of_multi_head_attention_matches_eager():
     torch.manual_seed(0)
     mha = ti.MultiHeadAttention(D, H).eval()
