@@ -183,13 +183,17 @@ def _generate(argv) -> int:
 
 
 def _bench(argv) -> int:
+    # imported here, not at the top: the benchmark is optional, and a checkout
+    # or install without it must still certify backends
     try:
         from . import bench
     except ModuleNotFoundError as exc:
         if exc.name != "conformance.bench":
-            raise
-        print("error: `python -m conformance bench` needs conformance/bench.py, which is not "
-              "installed in this checkout", file=sys.stderr)
+            raise  # the subpackage is there but something it imports is not: show which
+        # the old single-module path is named too, for anyone looking for that file
+        print("error: `python -m conformance bench` needs the conformance.bench subpackage "
+              "(conformance/bench/, formerly conformance/bench.py), which is not installed "
+              "in this checkout", file=sys.stderr)
         return 2
     return bench.main(argv)
 

@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from . import bench_runners as runners
+from . import runners
 
 OPS = ("sdpa", "mha", "encoder_layer")
 OP_TITLES = {
@@ -127,7 +127,7 @@ class Impl:
     name: str
     framework: str
     kind: str
-    prepare: object  # (Problem, mode) -> bench_runners.Runner; raises Skip
+    prepare: object  # (Problem, mode) -> runners.Runner; raises Skip
     baseline: str | None = None
     note: str = ""
 

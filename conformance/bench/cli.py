@@ -1,18 +1,7 @@
-"""Benchmark: the three mirrors against the frameworks' built-ins, same run.
-
-    python -m conformance bench                 # tutorial, base and long presets
-    python -m conformance bench --quick         # CI smoke test, well under a minute
-    python -m conformance.bench --preset base --device cuda --dtype bfloat16
-
-Times forward and forward+backward of scaled dot-product attention,
-multi-head attention and the encoder layer (``bench_cases``) for every
-implementation (``bench_runners``), interleaved: within each repeat every
-implementation runs once, in a rotating order, so machine drift hits all of
-them alike. Reports medians with min-max spread, peak memory, achieved
-GFLOP/s against the machine's measured float32 matmul peak, JAX compile time
-apart, and each implementation's ratio to its built-in. Writes a table to
-stdout, progress to stderr, a JSON file and (with matplotlib, the ``bench``
-extra) a PNG. See docs/BENCHMARKS.md.
+"""The benchmark's command line and its timing loop: parse the options, measure
+the matmul peak, then time every case with its implementations interleaved
+(within each repeat every implementation runs once, in a rotating order, so
+machine drift hits all of them alike), and write the table, JSON and plot.
 """
 from __future__ import annotations
 
@@ -26,10 +15,10 @@ import statistics
 import sys
 import time
 
-from . import bench_report
-from .bench_cases import IMPLS, MODES, OPS, PRESETS, flops, make_inputs, parse_shape
-from .bench_machine import header as machine_header, loadavg, measure_matmul_peak
-from .bench_runners import Problem, Skip, time_calls
+from .cases import IMPLS, MODES, OPS, PRESETS, flops, make_inputs, parse_shape
+from .machine import header as machine_header, loadavg, measure_matmul_peak
+from .report import fmt_time, format_report, plot
+from .runners import Problem, Skip, time_calls
 
 SCHEMA = 1
 DEFAULT_PRESETS = ("tutorial", "base", "long")
@@ -102,13 +91,13 @@ def main(argv=None) -> int:
 
     header["loadavg_end"] = loadavg()
     report = {"schema": SCHEMA, "header": header, "matmul_peak": peak, "results": records}
-    print(bench_report.format_report(report))
+    print(format_report(report))
     path = pathlib.Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")
     _progress(f"wrote {path}")
     if args.plot != "none":
-        _progress(bench_report.plot(report, args.plot))
+        _progress(plot(report, args.plot))
     return 0
 
 
@@ -218,7 +207,7 @@ def run_case(preset, problem, mode, args, peak_gflops):
         except Exception as err:  # memory is a side figure; keep the timing
             record["memory_method"] = f"n/a ({type(err).__name__}: {err})"
         _summarize(record, peak_gflops)
-        _progress(f"    {name:<42} {bench_report.fmt_time(record['median_s'])}")
+        _progress(f"    {name:<42} {fmt_time(record['median_s'])}")
     for record in records:
         if record["status"] != "ok":
             _progress(f"    {record['impl']:<42} {record['status']}: {record['reason']}")
@@ -287,6 +276,3 @@ _START = time.perf_counter()
 def _progress(message):
     print(f"[{time.perf_counter() - _START:6.1f}s] {message}", file=sys.stderr, flush=True)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pathlib
 
-from .bench_cases import IMPLS, OP_TITLES
+from .cases import IMPLS, OP_TITLES
 
 MODE_SHORT = {"forward": "fwd", "forward+backward": "f+b"}
 COLUMNS = ("impl", "mode", "median", "min - max", "GFLOP/s", "%peak", "ratio", "memory", "compile")

@@ -9,7 +9,7 @@ import platform
 
 import numpy as np
 
-from .bench_runners import time_calls
+from .runners import time_calls
 
 
 def measure_matmul_peak(n, repeats, torch_device, jax_device, precision="highest"):

@@ -35,9 +35,9 @@ class Problem:
     """Everything a runner needs: the operation, its inputs and the target."""
 
     op: str
-    shape: object  # bench_cases.Shape
+    shape: object  # cases.Shape
     dtype: str  # "float32" | "bfloat16"
-    inputs: dict  # numpy float32, see bench_cases.make_inputs
+    inputs: dict  # numpy float32, see cases.make_inputs
     torch_device: str = "cpu"
     jax_device: object = None  # a jax.Device, None = JAX's default
     matmul_precision: str = "highest"

@@ -1,0 +1,28 @@
+"""Benchmark: the three mirrors against the frameworks' built-ins, same run.
+
+    python -m conformance bench                 # tutorial, base and long presets
+    python -m conformance bench --quick         # CI smoke test, well under a minute
+    python -m conformance.bench --preset base --device cuda --dtype bfloat16
+
+Times forward and forward+backward of scaled dot-product attention,
+multi-head attention and the encoder layer for every implementation,
+interleaved: within each repeat every implementation runs once, in a
+rotating order, so machine drift hits all of them alike. Reports medians with
+min-max spread, peak memory, achieved GFLOP/s against the machine's measured
+float32 matmul peak, JAX compile time apart, and each implementation's ratio
+to its built-in. Writes a table to stdout, progress to stderr, a JSON file
+and (with matplotlib, the ``bench`` extra) a PNG. See docs/BENCHMARKS.md.
+
+Modules (``cases`` and ``report`` are the benchmark's own, not
+``conformance.cases`` or ``conformance.report``):
+
+- ``cli``: the command line and the interleaved timing loop (``main``).
+- ``cases``: what is timed: shape presets, FLOP counts, inputs, and the
+  implementations of each operation with the built-in each is compared to.
+- ``runners``: one runner per implementation, and its peak memory.
+- ``machine``: the float32 matmul peak and the report's header.
+- ``report``: the terminal table and the PNG plot, read from the JSON report.
+"""
+from .cli import main
+
+__all__ = ["main"]
