@@ -192,7 +192,7 @@ def _bench(argv) -> int:
             raise  # the subpackage is there but something it imports is not: show which
         # the old single-module path is named too, for anyone looking for that file
         print("error: `python -m conformance bench` needs the conformance.bench subpackage "
-              "(conformance/bench/, formerly conformance/bench.py), which is not installed "
+              "(conformance/bench/), which is not installed "
               "in this checkout", file=sys.stderr)
         return 2
     return bench.main(argv)

@@ -203,7 +203,7 @@ def test_bench_without_its_module_says_so(capsys, monkeypatch):
     import conformance
 
     monkeypatch.delattr(conformance, "bench", raising=False)
-    monkeypatch.setitem(sys.modules, "conformance.bench", None)  # as if bench.py were absent
+    monkeypatch.setitem(sys.modules, "conformance.bench", None)  # as if the bench subpackage were absent
     code, _, err = _run(capsys, "bench", "--quick")
     assert code == 2
-    assert "conformance/bench.py" in err
+    assert "conformance/bench/" in err
