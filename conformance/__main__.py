@@ -190,7 +190,6 @@ def _bench(argv) -> int:
     except ModuleNotFoundError as exc:
         if exc.name != "conformance.bench":
             raise  # the subpackage is there but something it imports is not: show which
-        # the old single-module path is named too, for anyone looking for that file
         print("error: `python -m conformance bench` needs the conformance.bench subpackage "
               "(conformance/bench/), which is not installed "
               "in this checkout", file=sys.stderr)
