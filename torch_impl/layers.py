@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from numpy_ref._contract.trees import flatten as _flatten  # state_dict keys: "layers.0.self_attn.w_q"
+
 from ._checks import (
     HALF_DTYPES,
     check_bool,
@@ -272,20 +274,6 @@ def _tensors(tree):
     if isinstance(tree, (list, tuple)):
         return [_tensors(v) for v in tree]
     return torch.as_tensor(tree)
-
-
-def _flatten(tree, prefix=""):
-    """Nested dicts/lists -> ``{"layers.0.self_attn.w_q": tensor}`` (state_dict keys)."""
-    if isinstance(tree, dict):
-        items = tree.items()
-    elif isinstance(tree, (list, tuple)):
-        items = ((str(i), v) for i, v in enumerate(tree))
-    else:
-        return {prefix: tree}
-    out = {}
-    for key, value in items:
-        out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
 
 
 class _CanonicalModule(nn.Module):
