@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_bool, check_params, check_rank, check_same_float_dtype, check_shape
+from numpy_ref._contract import interop as _core
+
+from . import _checks
 
 __all__ = [
     "mha_params_to_torch",
@@ -35,16 +37,6 @@ __all__ = [
     "heads_from_blhd",
 ]
 
-_MHA_KEYS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
-_MHA_TORCH_KEYS = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")
-_FFN_KEYS = ("w_1", "b_1", "w_2", "b_2")
-_NORM_KEYS = ("gamma", "beta")
-_LAYER_KEYS = ("self_attn", "ffn", "norm1", "norm2")
-_LAYER_TORCH_KEYS = tuple(f"self_attn.{k}" for k in _MHA_TORCH_KEYS) + (
-    "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias",
-    "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias",
-)
-
 
 def _copy(x):
     """A fresh contiguous copy that autograd flows through."""
@@ -56,34 +48,16 @@ def _transpose(w):
     return _copy(w.t())
 
 
-def _check_mha_params(params, name: str) -> int:
-    """Validate the eight canonical tensors of one attention block; return D."""
-    check_params(params, name, _MHA_KEYS)
-    check_rank(params["w_q"], f"{name}.w_q", ("D", "D"))
-    d_model = int(params["w_q"].shape[1])
-    for key in _MHA_KEYS:
-        letters = ("D", "D") if key.startswith("w") else ("D",)
-        check_shape(params[key], f"{name}.{key}", letters, {"D": d_model})
-    check_same_float_dtype({f"{name}.{key}": params[key] for key in _MHA_KEYS})
-    return d_model
-
-
-def _check_mha_state(state, name: str, prefix: str = "") -> int:
-    """Validate an ``nn.MultiheadAttention`` state dict (keys under ``prefix``); return D."""
-    check_params(state, name, tuple(prefix + k for k in _MHA_TORCH_KEYS))
-    w_in = state[prefix + "in_proj_weight"]
-    check_rank(w_in, f"{name}[{prefix}in_proj_weight]", ("3D", "D"))
-    d_model = int(w_in.shape[1])
-    shapes = {
-        "in_proj_weight": (("3D", "D"), {"3D": 3 * d_model, "D": d_model}),
-        "in_proj_bias": (("3D",), {"3D": 3 * d_model}),
-        "out_proj.weight": (("D", "D"), {"D": d_model}),
-        "out_proj.bias": (("D",), {"D": d_model}),
-    }
-    for key, (letters, sizes) in shapes.items():
-        check_shape(state[prefix + key], f"{name}[{prefix}{key}]", letters, sizes)
-    check_same_float_dtype({f"{name}[{prefix}{k}]": state[prefix + k] for k in _MHA_TORCH_KEYS})
-    return d_model
+# the shared conversions (numpy_ref/_contract/interop.py) on tensors
+_OPS = _core.ArrayOps(
+    checks=_checks,
+    asarray=torch.as_tensor,  # a tensor passes as is, its autograd graph kept
+    copy=_copy,
+    transpose=_transpose,
+    concatenate=torch.cat,
+    split=torch.tensor_split,
+    logical_not=torch.logical_not,
+)
 
 
 def mha_params_to_torch(params):
@@ -102,18 +76,7 @@ def mha_params_to_torch(params):
       ``(out, in)``, ready for ``nn.MultiheadAttention(D, H,
       batch_first=True).load_state_dict``.
     """
-    _check_mha_params(params, "params")
-    p = params
-    # 1) transpose to (out, in) and stack q, k, v along the output axis
-    in_proj_weight = torch.cat([p["w_q"].t(), p["w_k"].t(), p["w_v"].t()], dim=0)  # (3D, D)
-    in_proj_bias = torch.cat([p["b_q"], p["b_k"], p["b_v"]], dim=0)  # (3D,)
-    # 2) the output projection on its own
-    return {
-        "in_proj_weight": in_proj_weight,
-        "in_proj_bias": in_proj_bias,
-        "out_proj.weight": _transpose(p["w_o"]),  # (D, D)
-        "out_proj.bias": _copy(p["b_o"]),  # (D,)
-    }
+    return _core.mha_params_to_torch(_OPS, params)
 
 
 def mha_params_from_torch(state):
@@ -132,17 +95,7 @@ def mha_params_from_torch(state):
     Returns:
       ``{"w_q": (D, D), "b_q": (D,), ..., "w_o": (D, D), "b_o": (D,)}``.
     """
-    d_model = _check_mha_state(state, "state")
-    # 1) split the packed projection into q, k, v rows, (out, in) each
-    w_q, w_k, w_v = state["in_proj_weight"].split(d_model, dim=0)  # 3 x (D, D)
-    b_q, b_k, b_v = state["in_proj_bias"].split(d_model, dim=0)  # 3 x (D,)
-    # 2) transpose every weight back to (in, out)
-    return {
-        "w_q": _transpose(w_q), "b_q": _copy(b_q),
-        "w_k": _transpose(w_k), "b_k": _copy(b_k),
-        "w_v": _transpose(w_v), "b_v": _copy(b_v),
-        "w_o": _transpose(state["out_proj.weight"]), "b_o": _copy(state["out_proj.bias"]),
-    }
+    return _core.mha_params_from_torch(_OPS, state)
 
 
 def encoder_layer_params_to_torch(params):
@@ -165,39 +118,7 @@ def encoder_layer_params_to_torch(params):
       ``norm1.weight (D,)``, ``norm1.bias (D,)``, ``norm2.weight (D,)``,
       ``norm2.bias (D,)``.
     """
-    check_params(params, "params", _LAYER_KEYS)
-    d_model = _check_mha_params(params["self_attn"], "params.self_attn")
-    ffn = params["ffn"]
-    check_params(ffn, "params.ffn", _FFN_KEYS)
-    check_rank(ffn["w_1"], "params.ffn.w_1", ("D", "F"))
-    d_ff = int(ffn["w_1"].shape[1])
-    sizes = {"D": d_model, "F": d_ff}
-    check_shape(ffn["w_1"], "params.ffn.w_1", ("D", "F"), sizes)
-    check_shape(ffn["b_1"], "params.ffn.b_1", ("F",), {"F": d_ff})
-    check_shape(ffn["w_2"], "params.ffn.w_2", ("F", "D"), sizes)
-    check_shape(ffn["b_2"], "params.ffn.b_2", ("D",), {"D": d_model})
-    for norm in ("norm1", "norm2"):
-        check_params(params[norm], f"params.{norm}", _NORM_KEYS)
-        for key in _NORM_KEYS:
-            check_shape(params[norm][key], f"params.{norm}.{key}", ("D",), {"D": d_model})
-    check_same_float_dtype({
-        f"params.{block}.{key}": params[block][key]
-        for block, keys in (("self_attn", _MHA_KEYS), ("ffn", _FFN_KEYS),
-                            ("norm1", _NORM_KEYS), ("norm2", _NORM_KEYS))
-        for key in keys
-    })
-    # 1) the attention block, under the "self_attn." prefix
-    state = {f"self_attn.{k}": v for k, v in mha_params_to_torch(params["self_attn"]).items()}
-    # 2) the two nn.Linear of the feed-forward block, (out, in)
-    state["linear1.weight"] = _transpose(ffn["w_1"])  # (F, D)
-    state["linear1.bias"] = _copy(ffn["b_1"])  # (F,)
-    state["linear2.weight"] = _transpose(ffn["w_2"])  # (D, F)
-    state["linear2.bias"] = _copy(ffn["b_2"])  # (D,)
-    # 3) the two layer norms: gamma -> weight, beta -> bias
-    for norm in ("norm1", "norm2"):
-        state[f"{norm}.weight"] = _copy(params[norm]["gamma"])  # (D,)
-        state[f"{norm}.bias"] = _copy(params[norm]["beta"])  # (D,)
-    return state
+    return _core.encoder_layer_params_to_torch(_OPS, params)
 
 
 def encoder_layer_params_from_torch(state):
@@ -216,42 +137,7 @@ def encoder_layer_params_from_torch(state):
       "w_2": (F, D), "b_2": (D,)}, "norm1": {"gamma": (D,), "beta": (D,)},
       "norm2": {...}}``.
     """
-    check_params(state, "state", _LAYER_TORCH_KEYS)
-    d_model = _check_mha_state(state, "state", prefix="self_attn.")
-    check_rank(state["linear1.weight"], "state[linear1.weight]", ("F", "D"))
-    d_ff = int(state["linear1.weight"].shape[0])
-    sizes = {"D": d_model, "F": d_ff}
-    check_shape(state["linear1.weight"], "state[linear1.weight]", ("F", "D"), sizes)
-    check_shape(state["linear1.bias"], "state[linear1.bias]", ("F",), {"F": d_ff})
-    check_shape(state["linear2.weight"], "state[linear2.weight]", ("D", "F"), sizes)
-    for key in ("linear2.bias", "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias"):
-        check_shape(state[key], f"state[{key}]", ("D",), {"D": d_model})
-    check_same_float_dtype({f"state[{k}]": state[k] for k in _LAYER_TORCH_KEYS})
-    # 1) the attention block from the keys under "self_attn."
-    prefix = "self_attn."
-    self_attn = mha_params_from_torch({k: state[prefix + k] for k in _MHA_TORCH_KEYS})
-    # 2) the feed-forward weights back to (in, out); 3) weight/bias -> gamma/beta
-    return {
-        "self_attn": self_attn,
-        "ffn": {
-            "w_1": _transpose(state["linear1.weight"]),  # (D, F)
-            "b_1": _copy(state["linear1.bias"]),  # (F,)
-            "w_2": _transpose(state["linear2.weight"]),  # (F, D)
-            "b_2": _copy(state["linear2.bias"]),  # (D,)
-        },
-        "norm1": {"gamma": _copy(state["norm1.weight"]), "beta": _copy(state["norm1.bias"])},
-        "norm2": {"gamma": _copy(state["norm2.weight"]), "beta": _copy(state["norm2.bias"])},
-    }
-
-
-def _check_torch_mask(mask, name: str) -> None:
-    """TypeError for float (additive) PyTorch masks: they are a ``bias`` here."""
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            f"{name}: expected a boolean array (True = ignore, PyTorch's polarity), "
-            f"got dtype {str(mask.dtype).removeprefix('torch.')}; "
-            "pass an additive float mask as bias instead"
-        )
+    return _core.encoder_layer_params_from_torch(_OPS, state)
 
 
 def mask_from_torch(attn_mask=None, key_padding_mask=None):
@@ -273,21 +159,7 @@ def mask_from_torch(attn_mask=None, key_padding_mask=None):
     Raises:
       TypeError: a float (additive) mask; pass it as ``bias`` instead.
     """
-    masks = []
-    if attn_mask is not None:
-        _check_torch_mask(attn_mask, "attn_mask")
-        check_rank(attn_mask, "attn_mask", ("Lq", "Lk"))
-        masks.append(torch.logical_not(attn_mask))  # (Lq, Lk)
-    if key_padding_mask is not None:
-        _check_torch_mask(key_padding_mask, "key_padding_mask")
-        sizes = None if attn_mask is None else {"Lk": int(attn_mask.shape[-1])}
-        check_shape(key_padding_mask, "key_padding_mask", ("B", "Lk"), sizes)
-        masks.append(torch.logical_not(key_padding_mask)[:, None, None, :])  # (B, 1, 1, Lk)
-    if not masks:
-        return None
-    if len(masks) == 1:
-        return masks[0]
-    return torch.logical_and(masks[0], masks[1])  # (B, 1, Lq, Lk)
+    return _core.mask_from_torch(_OPS, attn_mask, key_padding_mask)
 
 
 def mask_to_torch(mask):
@@ -305,10 +177,7 @@ def mask_to_torch(mask):
     Returns:
       bool, the same shape (None for None).
     """
-    if mask is None:
-        return None
-    check_bool(mask, "mask")
-    return torch.logical_not(mask)
+    return _core.mask_to_torch(_OPS, mask)
 
 
 def heads_to_blhd(x):
@@ -320,8 +189,7 @@ def heads_to_blhd(x):
     Returns:
       ``(B, L, H, Dh)``, a view of ``x`` (``.contiguous()`` copies).
     """
-    check_rank(x, "x", ("B", "H", "L", "Dh"))
-    return x.transpose(1, 2)  # (B, L, H, Dh)
+    return _core.heads_to_blhd(_OPS, x)
 
 
 def heads_from_blhd(x):
@@ -333,5 +201,4 @@ def heads_from_blhd(x):
     Returns:
       ``(B, H, L, Dh)``, a view of ``x``.
     """
-    check_rank(x, "x", ("B", "L", "H", "Dh"))
-    return x.transpose(1, 2)  # (B, H, L, Dh)
+    return _core.heads_from_blhd(_OPS, x)

@@ -1,0 +1,330 @@
+"""``interop`` written once: PyTorch's key map as data, its validation, and
+the conversions, generic over the array library.
+
+Our canonical layout stores ``y = x @ w + b`` with ``w (in, out)`` under our
+names (``w_q``, ``w_1``, ``gamma``, ...); PyTorch's built-ins store
+``(out, in)`` weights under theirs, and ``nn.MultiheadAttention`` packs the
+three input projections into one ``in_proj_weight (3D, D)``. A ``Block``
+table says, for one block, the shape of every canonical array and which of
+them each PyTorch entry stacks; everything below reads those tables, so a
+key, a shape or a message exists once.
+
+Each mirror's ``interop.py`` binds the functions here to its library with an
+``ArrayOps`` (its ``_checks`` and a handful of array primitives) and keeps
+the public names, signatures and docstrings.
+
+Shape letters: ``B`` batch, ``Lq`` / ``Lk`` lengths, ``D`` model width,
+``F`` feed-forward width; ``3D`` is three ``D`` stacked.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Callable, NamedTuple
+
+__all__ = [
+    "ArrayOps", "Block", "MHA", "FFN", "NORM", "LAYER",
+    # the conversions, each bound by the mirrors under the same name
+    "mha_params_to_torch", "mha_params_from_torch",
+    "encoder_layer_params_to_torch", "encoder_layer_params_from_torch",
+    "mask_from_torch", "mask_to_torch", "heads_to_blhd", "heads_from_blhd",
+]
+
+
+class ArrayOps(NamedTuple):
+    """What the conversions need from an array library; each mirror builds one.
+
+    Indexing (``x[:, None]``), ``&``, ``.shape`` and ``.swapaxes`` are
+    spelled alike in numpy, torch and JAX and need no entry.
+    """
+
+    checks: ModuleType  #: the mirror's ``_checks``: its ``kind`` and bound ``check_*``
+    asarray: Callable  #: an input (array-like) -> the library's array, no copy when it is one
+    copy: Callable  #: ``x`` -> a fresh contiguous array, sharing no memory with ``x``
+    transpose: Callable  #: ``(in, out)`` -> ``(out, in)``, fresh and contiguous
+    concatenate: Callable  #: a list of arrays -> one, joined along axis 0
+    split: Callable  #: ``(x, n)`` -> ``n`` equal pieces of ``x`` along axis 0
+    logical_not: Callable  #: a boolean array -> its negation
+
+
+# --------------------------------------------------------------------------
+# the key map, as data
+
+
+class Block(NamedTuple):
+    """One block's canonical arrays and their PyTorch entries.
+
+    ``shapes``: canonical key -> shape letters, weights ``(in, out)``.
+    ``torch``: PyTorch key -> the canonical keys it stacks along its first
+    axis, each transposed to ``(out, in)`` if it is a weight (2-D).
+    """
+
+    shapes: dict
+    torch: dict
+
+
+MHA = Block(
+    shapes={
+        "w_q": ("D", "D"), "b_q": ("D",), "w_k": ("D", "D"), "b_k": ("D",),
+        "w_v": ("D", "D"), "b_v": ("D",), "w_o": ("D", "D"), "b_o": ("D",),
+    },
+    torch={
+        "in_proj_weight": ("w_q", "w_k", "w_v"),  # [w_qᵀ; w_kᵀ; w_vᵀ] (3D, D)
+        "in_proj_bias": ("b_q", "b_k", "b_v"),  # [b_q; b_k; b_v] (3D,)
+        "out_proj.weight": ("w_o",),
+        "out_proj.bias": ("b_o",),
+    },
+)
+FFN = Block(
+    shapes={"w_1": ("D", "F"), "b_1": ("F",), "w_2": ("F", "D"), "b_2": ("D",)},
+    torch={
+        "linear1.weight": ("w_1",), "linear1.bias": ("b_1",),
+        "linear2.weight": ("w_2",), "linear2.bias": ("b_2",),
+    },
+)
+NORM = Block(
+    shapes={"gamma": ("D",), "beta": ("D",)},
+    torch={"weight": ("gamma",), "bias": ("beta",)},
+)
+#: encoder-layer block -> (its table, the prefix of its keys in
+#: ``nn.TransformerEncoderLayer``'s state dict)
+LAYER = {
+    "self_attn": (MHA, "self_attn."),
+    "ffn": (FFN, ""),
+    "norm1": (NORM, "norm1."),
+    "norm2": (NORM, "norm2."),
+}
+
+
+def _torch_shape(block: Block, key: str) -> tuple:
+    """The shape letters of PyTorch entry ``key``: ``in_proj_weight`` -> ``("3D", "D")``."""
+    stacked = block.torch[key]
+    letters = block.shapes[stacked[0]][::-1]  # (out, in)
+    if len(stacked) > 1:
+        letters = (f"{len(stacked)}{letters[0]}",) + letters[1:]
+    return letters
+
+
+def _is_weight(block: Block, key: str) -> bool:
+    """True for a PyTorch entry whose canonical arrays are 2-D weights."""
+    return len(block.shapes[block.torch[key][0]]) == 2
+
+
+# --------------------------------------------------------------------------
+# validation: one walk over the tables, the names as the caller wrote them
+
+
+def _sizes(letters, dims) -> dict:
+    """``("3D", "D"), {"D": 12}`` -> ``{"3D": 36, "D": 12}``, sorted by letter
+    (``3D`` before ``D`` before ``F``: the order the messages print)."""
+    def size(letter):
+        base = letter.lstrip("0123456789")
+        return int(letter[: len(letter) - len(base)] or 1) * dims[base]
+
+    return {letter: size(letter) for letter in sorted(set(letters))}
+
+
+def _check_shapes(checks, arrays: dict, letters: dict, dims: dict) -> dict:
+    """Check every array (``{its name in messages: array}``) against its letters.
+
+    The first array fixes the sizes of the letters that ``dims`` lacks (it is
+    checked for rank alone first, so a wrong rank is reported without
+    sizes); every array then has its full shape checked. Returns ``dims``.
+    """
+    first = next(iter(arrays))
+    new = [letter for letter in letters[first] if letter not in dims and letter.isalpha()]
+    if new:
+        checks.check_rank(arrays[first], first, letters[first])
+        # a letter twice takes its last axis (w_q (12, 13) reads D=13), as messages always have
+        dims.update({k: int(n) for k, n in zip(letters[first], arrays[first].shape) if k in new})
+    for name, x in arrays.items():
+        checks.check_shape(x, name, letters[name], _sizes(letters[name], dims))
+    return dims
+
+
+def _check_block_params(checks, params, name: str, block: Block, dims: dict) -> dict:
+    """Keys and shapes of one block's canonical arrays; return ``dims``."""
+    checks.check_params(params, name, tuple(block.shapes))
+    return _check_shapes(
+        checks,
+        {f"{name}.{key}": params[key] for key in block.shapes},
+        {f"{name}.{key}": letters for key, letters in block.shapes.items()},
+        dims,
+    )
+
+
+def _check_block_state(checks, state, name: str, block: Block, prefix: str, dims: dict) -> dict:
+    """Shapes of one block's entries of a flat PyTorch state dict; return ``dims``."""
+    return _check_shapes(
+        checks,
+        {f"{name}[{prefix}{key}]": state[prefix + key] for key in block.torch},
+        {f"{name}[{prefix}{key}]": _torch_shape(block, key) for key in block.torch},
+        dims,
+    )
+
+
+def _check_mha_params(checks, params, name: str) -> int:
+    """The eight canonical arrays of one attention block, dtypes included; return D."""
+    dims = _check_block_params(checks, params, name, MHA, {})
+    checks.check_same_float_dtype({f"{name}.{key}": params[key] for key in MHA.shapes})
+    return dims["D"]
+
+
+def _check_mha_state(checks, state, name: str, prefix: str = "") -> int:
+    """An ``nn.MultiheadAttention`` state dict (keys under ``prefix``), dtypes included; return D."""
+    keys = tuple(prefix + key for key in MHA.torch)
+    checks.check_params(state, name, keys)
+    dims = _check_block_state(checks, state, name, MHA, prefix, {})
+    checks.check_same_float_dtype({f"{name}[{key}]": state[key] for key in keys})
+    return dims["D"]
+
+
+def _check_layer_params(checks, params, name: str) -> None:
+    """Canonical encoder-layer params: the attention block as ``mha_params_to_torch``
+    checks it, then the other blocks, then one dtype across all."""
+    checks.check_params(params, name, tuple(LAYER))
+    dims = {"D": _check_mha_params(checks, params["self_attn"], f"{name}.self_attn")}
+    for block_name, (block, _) in LAYER.items():
+        if block is not MHA:
+            _check_block_params(checks, params[block_name], f"{name}.{block_name}", block, dims)
+    checks.check_same_float_dtype({
+        f"{name}.{block_name}.{key}": params[block_name][key]
+        for block_name, (block, _) in LAYER.items() for key in block.shapes
+    })
+
+
+def _layer_torch_keys() -> tuple:
+    """The 12 keys of an ``nn.TransformerEncoderLayer`` state dict, in its order."""
+    return tuple(prefix + key for block, prefix in LAYER.values() for key in block.torch)
+
+
+def _check_layer_state(checks, state, name: str) -> None:
+    """An ``nn.TransformerEncoderLayer`` state dict: the attention entries as
+    ``mha_params_from_torch`` checks them, then the others, then one dtype."""
+    dims = {"D": _check_mha_state(checks, state, name, prefix=LAYER["self_attn"][1])}
+    for block, prefix in LAYER.values():
+        if block is not MHA:
+            _check_block_state(checks, state, name, block, prefix, dims)
+    checks.check_same_float_dtype({f"{name}[{key}]": state[key] for key in _layer_torch_keys()})
+
+
+# --------------------------------------------------------------------------
+# conversions of one block: transpose the weights, stack or split along axis 0
+
+
+def _block_to_torch(ops: ArrayOps, block: Block, params, prefix: str = "") -> dict:
+    """One block's canonical arrays -> its PyTorch entries, keys under ``prefix``."""
+    state = {}
+    for key, stacked in block.torch.items():
+        move = ops.transpose if _is_weight(block, key) else ops.copy
+        parts = [move(params[k]) for k in stacked]  # (out, in) each
+        state[prefix + key] = ops.concatenate(parts) if len(parts) > 1 else parts[0]
+    return state
+
+
+def _block_from_torch(ops: ArrayOps, block: Block, state, prefix: str = "") -> dict:
+    """One block's PyTorch entries (keys under ``prefix``) -> its canonical arrays."""
+    params = {}
+    for key, stacked in block.torch.items():
+        move = ops.transpose if _is_weight(block, key) else ops.copy
+        parts = ops.split(state[prefix + key], len(stacked)) if len(stacked) > 1 else [state[prefix + key]]
+        params.update({k: move(part) for k, part in zip(stacked, parts)})  # (in, out) each
+    return {key: params[key] for key in block.shapes}
+
+
+def _as_arrays(ops: ArrayOps, state, keys) -> dict:
+    """The entries ``keys`` of ``state`` as the library's arrays."""
+    return {key: ops.asarray(state[key]) for key in keys}
+
+
+# --------------------------------------------------------------------------
+# the public conversions, bound by each mirror (docstrings there)
+
+
+def mha_params_to_torch(ops: ArrayOps, params) -> dict:
+    """Canonical attention params -> ``nn.MultiheadAttention`` state dict."""
+    _check_mha_params(ops.checks, params, "params")
+    return _block_to_torch(ops, MHA, params)
+
+
+def mha_params_from_torch(ops: ArrayOps, state) -> dict:
+    """``nn.MultiheadAttention`` state dict -> canonical attention params."""
+    keys = tuple(MHA.torch)
+    ops.checks.check_params(state, "state", keys)
+    state = _as_arrays(ops, state, keys)
+    _check_mha_state(ops.checks, state, "state")
+    return _block_from_torch(ops, MHA, state)
+
+
+def encoder_layer_params_to_torch(ops: ArrayOps, params) -> dict:
+    """Canonical encoder-layer params -> ``nn.TransformerEncoderLayer`` state dict."""
+    _check_layer_params(ops.checks, params, "params")
+    state = {}
+    for block_name, (block, prefix) in LAYER.items():
+        state.update(_block_to_torch(ops, block, params[block_name], prefix))
+    return state
+
+
+def encoder_layer_params_from_torch(ops: ArrayOps, state) -> dict:
+    """``nn.TransformerEncoderLayer`` state dict -> canonical encoder-layer params."""
+    keys = _layer_torch_keys()
+    ops.checks.check_params(state, "state", keys)
+    state = _as_arrays(ops, state, keys)
+    _check_layer_state(ops.checks, state, "state")
+    return {
+        block_name: _block_from_torch(ops, block, state, prefix)
+        for block_name, (block, prefix) in LAYER.items()
+    }
+
+
+def _check_torch_mask(kind, mask, name: str) -> None:
+    """TypeError for float (additive) PyTorch masks: they are a ``bias`` here."""
+    if kind(mask) != "bool":
+        raise TypeError(
+            f"{name}: expected a boolean array (True = ignore, PyTorch's polarity), "
+            f"got dtype {str(mask.dtype).removeprefix('torch.')}; "
+            "pass an additive float mask as bias instead"
+        )
+
+
+def mask_from_torch(ops: ArrayOps, attn_mask=None, key_padding_mask=None):
+    """PyTorch's boolean masks (``True`` = ignore) -> our mask (``True`` = attend)."""
+    checks, masks = ops.checks, []
+    if attn_mask is not None:
+        attn_mask = ops.asarray(attn_mask)
+        _check_torch_mask(checks.kind, attn_mask, "attn_mask")
+        checks.check_rank(attn_mask, "attn_mask", ("Lq", "Lk"))
+        masks.append(ops.logical_not(attn_mask))  # (Lq, Lk)
+    if key_padding_mask is not None:
+        key_padding_mask = ops.asarray(key_padding_mask)
+        _check_torch_mask(checks.kind, key_padding_mask, "key_padding_mask")
+        sizes = None if attn_mask is None else {"Lk": int(attn_mask.shape[-1])}
+        checks.check_shape(key_padding_mask, "key_padding_mask", ("B", "Lk"), sizes)
+        masks.append(ops.logical_not(key_padding_mask)[:, None, None, :])  # (B, 1, 1, Lk)
+    if not masks:
+        return None
+    if len(masks) == 1:
+        return masks[0]
+    return masks[0] & masks[1]  # (B, 1, Lq, Lk)
+
+
+def mask_to_torch(ops: ArrayOps, mask):
+    """Our mask (``True`` = attend) -> PyTorch's polarity (``True`` = ignore)."""
+    if mask is None:
+        return None
+    mask = ops.asarray(mask)
+    ops.checks.check_bool(mask, "mask")
+    return ops.logical_not(mask)
+
+
+def heads_to_blhd(ops: ArrayOps, x):
+    """``(B, H, L, Dh) -> (B, L, H, Dh)``, a view where the library has views."""
+    x = ops.asarray(x)
+    ops.checks.check_rank(x, "x", ("B", "H", "L", "Dh"))
+    return x.swapaxes(1, 2)  # (B, L, H, Dh)
+
+
+def heads_from_blhd(ops: ArrayOps, x):
+    """``(B, L, H, Dh) -> (B, H, L, Dh)``, the inverse of ``heads_to_blhd``."""
+    x = ops.asarray(x)
+    ops.checks.check_rank(x, "x", ("B", "L", "H", "Dh"))
+    return x.swapaxes(1, 2)  # (B, H, L, Dh)
