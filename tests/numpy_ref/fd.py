@@ -25,23 +25,11 @@ import zlib
 
 import numpy as np
 
+from numpy_ref._contract.trees import flatten as _flatten
+
 WORST: dict[str, float] = {}  # function name -> worst relative error seen
 DIRECTIONS = 3  # random directional derivatives per sampled leaf
 ALL_COORDINATES = os.environ.get("FD_ALL_COORDINATES", "") not in ("", "0")
-
-
-def _flatten(tree, prefix=""):
-    if isinstance(tree, dict):
-        out = {}
-        for k, v in tree.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    if isinstance(tree, (list, tuple)):
-        out = {}
-        for i, v in enumerate(tree):
-            out.update(_flatten(v, f"{prefix}.{i}" if prefix else str(i)))
-        return out
-    return {prefix: tree}
 
 
 def _get(tree, path):

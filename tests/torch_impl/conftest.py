@@ -12,34 +12,13 @@ import zlib
 import numpy as np
 import pytest
 
+from numpy_ref._contract.trees import flatten, tree_map  # noqa: F401 (the test modules import them from here)
+
 
 @pytest.fixture
 def rng(request):
     """A numpy generator seeded by the test's own name (stable, distinct per test)."""
     return np.random.default_rng(zlib.crc32(request.node.name.encode()))
-
-
-def flatten(tree, prefix=""):
-    """Nested dicts/lists -> ``{"params.layers.0.ffn.w_1": leaf}``."""
-    if isinstance(tree, dict):
-        items = tree.items()
-    elif isinstance(tree, (list, tuple)):
-        items = ((str(i), v) for i, v in enumerate(tree))
-    else:
-        return {prefix: tree}
-    out = {}
-    for key, value in items:
-        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
-def tree_map(fn, tree):
-    """``fn`` on every leaf that is not a dict/list (None and scalars included)."""
-    if isinstance(tree, dict):
-        return {k: tree_map(fn, v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [tree_map(fn, v) for v in tree]
-    return fn(tree)
 
 
 def to_torch(tree, dtype=None, requires_grad=False):

@@ -24,6 +24,7 @@ from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import torch_impl as ti  # noqa: E402
+from numpy_ref._contract.trees import flatten, tree_map  # noqa: E402
 from torch_impl import interop  # noqa: E402
 
 B, H, LQ, LK, DH, DV, FF = 2, 3, 5, 7, 4, 6, 20
@@ -55,27 +56,6 @@ def randn(seed, *shape, scale=1.0):
 
 def leaf(x):
     return x.detach().clone().requires_grad_()
-
-
-def tree_map(fn, tree):
-    if isinstance(tree, dict):
-        return {k: tree_map(fn, v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [tree_map(fn, v) for v in tree]
-    return fn(tree)
-
-
-def flatten(tree, prefix=""):
-    if isinstance(tree, dict):
-        items = tree.items()
-    elif isinstance(tree, list):
-        items = ((str(i), v) for i, v in enumerate(tree))
-    else:
-        return {prefix: tree}
-    out = {}
-    for k, v in items:
-        out.update(flatten(v, f"{prefix}.{k}" if prefix else k))
-    return out
 
 
 def mha_params(seed, d_model=D):
