@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from numpy_ref import interop
+from numpy_ref._contract.trees import flatten, tree_map
 from numpy_ref.attention import init_multi_head_attention, multi_head_attention
 from numpy_ref.encoder import encoder_layer, init_encoder_layer
 
@@ -29,9 +30,7 @@ def torch():
 
 def random_tree(tree, rng):
     """The same nested dict with every leaf replaced by normal noise (all non-zero)."""
-    if isinstance(tree, dict):
-        return {k: random_tree(v, rng) for k, v in tree.items()}
-    return rng.normal(size=tree.shape)
+    return tree_map(lambda leaf: rng.normal(size=leaf.shape), tree)
 
 
 def mha_params(seed=0):
@@ -40,15 +39,6 @@ def mha_params(seed=0):
 
 def layer_params(seed=0):
     return random_tree(init_encoder_layer(np.random.default_rng(seed), D, F), np.random.default_rng(seed))
-
-
-def flatten(tree, prefix=""):
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out = {}
-    for k, v in tree.items():
-        out.update(flatten(v, f"{prefix}.{k}" if prefix else k))
-    return out
 
 
 def assert_trees_equal(got, want):

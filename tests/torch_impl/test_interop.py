@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from numpy_ref._contract.trees import flatten, tree_map  # noqa: E402
 from torch_impl import interop  # noqa: E402
 
 B, H, LQ, LK, DH, FF = 2, 3, 5, 7, 4, 20
@@ -38,15 +39,6 @@ def make_layer_params(seed=0, dtype=torch.float64):
         "norm1": {"gamma": _randn(gen, D, dtype=dtype), "beta": _randn(gen, D, dtype=dtype)},
         "norm2": {"gamma": _randn(gen, D, dtype=dtype), "beta": _randn(gen, D, dtype=dtype)},
     }
-
-
-def flatten(tree, prefix=""):
-    if isinstance(tree, dict):
-        out = {}
-        for k, v in tree.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else k))
-        return out
-    return {prefix: tree}
 
 
 def assert_trees_equal(got, want):
@@ -354,9 +346,7 @@ def np_interop():
 
 
 def _to_numpy(tree):
-    if isinstance(tree, dict):
-        return {k: _to_numpy(v) for k, v in tree.items()}
-    return tree.numpy()
+    return tree_map(lambda a: a.numpy() if isinstance(a, torch.Tensor) else a, tree)
 
 
 def assert_same_as_numpy(got_torch, want_numpy):
@@ -420,9 +410,6 @@ def test_torch_and_numpy_raise_the_same_error_for_the_same_bad_call(np_interop, 
     }
     name, args, kwargs = calls[case]
     got = _error(getattr(interop, name), *args, **kwargs)
-    want = _error(getattr(np_interop, name), *_to_numpy_args(args), **kwargs)
+    want = _error(getattr(np_interop, name), *_to_numpy(args), **kwargs)
     assert got == want
 
-
-def _to_numpy_args(args):
-    return tuple(_to_numpy(a) if isinstance(a, (dict, torch.Tensor)) else a for a in args)
