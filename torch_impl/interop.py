@@ -51,7 +51,7 @@ def _transpose(w):
 # the shared conversions (numpy_ref/_contract/interop.py) on tensors
 _OPS = _core.ArrayOps(
     checks=_checks,
-    asarray=torch.as_tensor,  # a tensor passes as is, its autograd graph kept
+    asarray=lambda x: x,  # tensors only, as everywhere in torch_impl
     copy=_copy,
     transpose=_transpose,
     concatenate=torch.cat,

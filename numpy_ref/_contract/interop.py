@@ -33,12 +33,15 @@ __all__ = [
 class ArrayOps(NamedTuple):
     """What the conversions need from an array library; each mirror builds one.
 
-    Indexing (``x[:, None]``), ``&``, ``.shape`` and ``.swapaxes`` are
-    spelled alike in numpy, torch and JAX and need no entry.
+    Of the mirror's ``_checks`` they read ``kind``, ``check_bool``,
+    ``check_params``, ``check_rank``, ``check_shape`` and
+    ``check_same_float_dtype``. Indexing (``x[:, None]``), ``&``, ``.shape``
+    and ``.swapaxes`` are spelled alike in numpy, torch and JAX and need no
+    entry.
     """
 
-    checks: ModuleType  #: the mirror's ``_checks``: its ``kind`` and bound ``check_*``
-    asarray: Callable  #: an input (array-like) -> the library's array, no copy when it is one
+    checks: ModuleType  #: the mirror's ``_checks``
+    asarray: Callable  #: an input -> the library's array, no copy when it is one already
     copy: Callable  #: ``x`` -> a fresh contiguous array, sharing no memory with ``x``
     transpose: Callable  #: ``(in, out)`` -> ``(out, in)``, fresh and contiguous
     concatenate: Callable  #: a list of arrays -> one, joined along axis 0
