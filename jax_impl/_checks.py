@@ -1,35 +1,23 @@
-"""Input validation for jax_impl: numpy_ref's shared core with a JAX ``kind``.
+"""Input validation for jax_impl: the contract of
+``numpy_ref/_contract/checks.py`` bound to JAX arrays, with a concreteness hook.
 
-Every check reads only ``.shape``, ``.ndim`` and ``.dtype``, which a tracer
+Reads as ``numpy_ref/_checks.py`` and ``torch_impl/_checks.py`` do: define
+what an array is and its dtype ``kind``, then build ``rules`` from them.
+Every rule reads only ``.shape``, ``.ndim`` and ``.dtype``, which a tracer
 has, so under ``jax.jit`` the same bad call raises the same exception with
-the same message as in ``numpy_ref``, at trace time. Value checks (lengths
-within ``max_len``) can only run on concrete arrays; see ``_is_concrete``.
+the same message as in ``numpy_ref``, at trace time. Value rules (lengths
+within ``max_len``) run only on concrete arrays (``_is_concrete``). numpy
+arrays are accepted where a JAX array goes, as ``jnp`` accepts them.
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from numpy_ref import _checks as _core
+from numpy_ref._contract.checks import Rules, rng_error, shape_str  # noqa: F401  (shape_str: interop)
 
-__all__ = [
-    "kind",
-    "shape_str",
-    "check_float",
-    "check_bool",
-    "check_int",
-    "check_rank",
-    "check_shape",
-    "check_broadcastable",
-    "check_same_float_dtype",
-    "check_probability",
-    "check_scale",
-    "check_divisible",
-    "check_choice",
-    "check_params",
-]
+__all__ = ["kind", "rules", "float_dtype"]
 
 
 def kind(x) -> str:
@@ -53,17 +41,28 @@ def _is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
-# --- jax_impl's bindings of the shared core (as numpy_ref/_checks.py)
-shape_str = _core._shape_str
-check_float = functools.partial(_core._check_float, kind=kind)
-check_bool = functools.partial(_core._check_bool, kind=kind)
-check_int = functools.partial(_core._check_int, kind=kind)
-check_same_float_dtype = functools.partial(_core._check_same_float_dtype, kind=kind)
-check_rank = _core._check_rank
-check_shape = _core._check_shape
-check_broadcastable = _core._check_broadcastable
-check_probability = _core._check_probability
-check_scale = _core._check_scale
-check_divisible = _core._check_divisible
-check_choice = _core._check_choice
-check_params = _core._check_params
+rules = Rules(kind, lambda x: isinstance(x, (jax.Array, np.ndarray, np.generic)), "jax.Array",
+              is_concrete=_is_concrete)
+
+
+def float_dtype(dtype):
+    """A ``dtype`` argument as a JAX dtype; not floating is a TypeError."""
+    try:
+        parsed = jnp.dtype(dtype)
+    except TypeError:
+        parsed = None
+    rules.float_dtype(parsed is not None and jnp.issubdtype(parsed, jnp.floating),
+                      dtype if parsed is None else parsed)
+    return parsed
+
+
+def _key(rng, name: str = "rng"):
+    """A JAX PRNG key: ``rng`` may be None (then nothing is drawn), ``key`` may not."""
+    if not isinstance(rng, jax.Array) and (rng is not None or name != "rng"):
+        raise rng_error(rng, "a JAX PRNG key" + (" or None" if name == "rng" else ""), name)
+    return rng
+
+
+# the rules by their former names (interop.py reads these)
+check_bool, check_params, check_rank, check_shape, check_same_float_dtype = (
+    rules.bool_, rules.params, rules.rank, rules.shape, rules.same_float_dtype)

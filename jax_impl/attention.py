@@ -29,20 +29,8 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ._checks import (
-    check_bool,
-    check_broadcastable,
-    check_divisible,
-    check_params,
-    check_probability,
-    check_scale,
-    check_rank,
-    check_same_float_dtype,
-    check_shape,
-    shape_str,
-)
+from ._checks import _key, float_dtype, rules
 
 __all__ = [
     "softmax",
@@ -53,8 +41,6 @@ __all__ = [
     "init_additive_attention",
 ]
 
-_MHA_KEYS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
-_ADDITIVE_KEYS = ("w_1", "w_2", "v")
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
@@ -74,13 +60,13 @@ def softmax(x, axis=-1, mask=None):
 
     Args:
       x: float array of any shape.
-      axis: the axis to normalise over (static).
+      axis: the axis to normalise over (static), an int in ``[-x.ndim, x.ndim)``.
       mask: optional bool array broadcastable to ``x.shape`` (True = keep).
 
     Returns:
       ``p``, same shape and dtype as ``x``; rows sum to 1 or to 0.
     """
-    _check_softmax(x, mask)
+    rules.softmax(x, axis, mask)  # SPEC 3.5: float x, int axis in range, bool mask
     return _masked_softmax(_upcast(x), mask, axis).astype(x.dtype)
 
 
@@ -95,8 +81,9 @@ def _masked_softmax(x, mask, axis):
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
 def _softmax_of_valid(x, axis):
     # Row max over the valid entries; an empty row's max is set to 0 so that
-    # no ``-inf - (-inf)`` is ever computed.
-    m = jnp.max(x, axis=axis, keepdims=True)
+    # no ``-inf - (-inf)`` is ever computed. (``initial``: a row of Lk = 0
+    # keys has no max either.)
+    m = jnp.max(x, axis=axis, keepdims=True, initial=-jnp.inf)
     m = jnp.where(m == -jnp.inf, 0.0, m)
     e = jnp.exp(x - m)
     s = jnp.sum(e, axis=axis, keepdims=True)
@@ -149,7 +136,7 @@ def scaled_dot_product_attention(
       ``(out (*batch, Lq, Dv), weights (*batch, Lq, Lk))``; ``weights`` is
       the softmax *before* dropout; a fully masked row gives 0 in both.
     """
-    _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask)
+    rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask)  # SPEC 3.6
     scale = _scale(q, scale)
     # scores and softmax in float32 for half inputs
     # scale folded into q: Lq * Dk multiplies instead of Lq * Lk
@@ -186,7 +173,7 @@ def additive_attention(query, keys, params, mask=None):
     Returns:
       ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
     """
-    mask = _check_additive(query, keys, params, mask)
+    mask = rules.additive(query, keys, params, mask)  # SPEC 3.7; a (B, 1, 1, Lk) mask loses its head axis
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
     e = t @ params["v"]  # (B, Lq, Lk)
     weights = _masked_softmax(_upcast(e), mask, -1).astype(e.dtype)  # (B, Lq, Lk)
@@ -229,7 +216,7 @@ def multi_head_attention(
       A fully masked query row has weights 0 and a zero concat row, so its
       ``out`` row is ``b_o``.
     """
-    _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)
+    rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)  # SPEC 3.8
     # 1) project, 2) split heads
     qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
     # 3) attend
@@ -273,6 +260,8 @@ def init_multi_head_attention(key, d_model, dtype=jnp.float32):
     ``a = sqrt(6 / (D + D))``; biases zero ``(D,)``, as ``nn.MultiheadAttention``.
     ``key``: a JAX PRNG key.
     """
+    key, dtype = _key(key, "key"), float_dtype(dtype)
+    (d_model,) = rules.widths(d_model=d_model)  # a positive int
     params = {}
     for name, subkey in zip(("q", "k", "v", "o"), jax.random.split(key, 4)):
         params[f"w_{name}"] = _xavier_uniform(subkey, d_model, d_model, dtype)
@@ -287,6 +276,8 @@ def init_additive_attention(key, d_query, d_key, d_attn, dtype=jnp.float32):
     ``v (A,) ~ U(-1/sqrt(A), 1/sqrt(A))``.
     ``key``: a JAX PRNG key.
     """
+    key, dtype = _key(key, "key"), float_dtype(dtype)
+    d_query, d_key, d_attn = rules.widths(d_query=d_query, d_key=d_key, d_attn=d_attn)  # positive ints
     k_1, k_2, k_v = jax.random.split(key, 3)
     bound = 1.0 / math.sqrt(d_attn)
     return {
@@ -307,7 +298,6 @@ def _xavier_uniform(key, fan_in, fan_out, dtype):
 
 
 def _scale(q, scale):
-    check_scale(scale)
     # A Python float is weakly typed: float32 and bfloat16 inputs keep their dtype.
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
@@ -323,12 +313,12 @@ def _keep_mask(dropout_p, dropout_mask, rng, shape):
             "rng: expected a JAX PRNG key (or an explicit dropout_mask) when "
             f"dropout_p > 0; here dropout_p={dropout_p}, got None"
         )
-    return jax.random.bernoulli(rng, 1.0 - float(dropout_p), shape)
+    return jax.random.bernoulli(_key(rng), 1.0 - float(dropout_p), shape)
 
 
 def _dropout(x, keep, dropout_p):
-    """Inverted dropout ``x * keep / (1 - p)``."""
-    return x if keep is None else x * keep / (1.0 - float(dropout_p))
+    """Inverted dropout ``x * keep / (1 - p)``, by selection: a dropped entry is exactly 0."""
+    return x if keep is None else jnp.where(keep, x / (1.0 - float(dropout_p)), 0)
 
 
 def _upcast(x):
@@ -336,87 +326,3 @@ def _upcast(x):
     return x.astype(jnp.float32) if x.dtype in _HALF else x
 
 
-# --------------------------------------------------------------------------
-# validation (numpy_ref/_checks.py, plus numpy_ref's private rules)
-# --------------------------------------------------------------------------
-
-
-def _axis_letters(ndim):
-    return tuple(f"N{i}" for i in range(ndim))
-
-
-def _batch_letters(ndim):
-    return ("B", "H")[: ndim - 2]
-
-
-def _check_softmax(x, mask):
-    check_same_float_dtype({"x": x})
-    if mask is not None:
-        check_bool(mask, "mask")
-        check_broadcastable(mask, "mask", x.shape, _axis_letters(x.ndim))
-
-
-def _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask):
-    check_same_float_dtype({"q": q, "k": k, "v": v, "bias": bias})
-    if q.ndim not in (3, 4):  # numpy_ref's private rule: two admissible ranks
-        raise ValueError(
-            f"q: expected shape (B, Lq, Dk) or (B, H, Lq, Dk), got {shape_str(q.shape)}"
-        )
-    batch = _batch_letters(q.ndim)
-    sizes = dict(zip(batch, q.shape[:-2]))
-    check_shape(k, "k", (*batch, "Lk", "Dk"), {**sizes, "Dk": q.shape[-1]})
-    check_shape(v, "v", (*batch, "Lk", "Dv"), {**sizes, "Lk": k.shape[-2]})
-    target = (*q.shape[:-1], k.shape[-2])
-    _check_extras(mask, bias, dropout_p, dropout_mask, target, (*batch, "Lq", "Lk"))
-
-
-def _check_additive(query, keys, params, mask):
-    """Validate; return the mask with a size-1 head axis dropped."""
-    check_params(params, "params", _ADDITIVE_KEYS)
-    named = {f"params.{n}": params[n] for n in _ADDITIVE_KEYS}
-    check_same_float_dtype({"query": query, "keys": keys, **named})
-    check_rank(query, "query", ("B", "Lq", "Dq"))
-    (B, Lq, Dq) = query.shape
-    check_shape(keys, "keys", ("B", "Lk", "Dk"), {"B": B})
-    Lk, Dk = keys.shape[1:]
-    check_shape(params["w_1"], "params.w_1", ("Dk", "A"), {"Dk": Dk})
-    A = params["w_1"].shape[1]
-    check_shape(params["w_2"], "params.w_2", ("Dq", "A"), {"Dq": Dq, "A": A})
-    check_shape(params["v"], "params.v", ("A",), {"A": A})
-    if mask is None:
-        return None
-    check_bool(mask, "mask")
-    if mask.ndim == 4:
-        check_broadcastable(mask, "mask", (B, 1, Lq, Lk), ("B", "H", "Lq", "Lk"))
-        mask = mask[:, 0]
-    check_broadcastable(mask, "mask", (B, Lq, Lk), ("B", "Lq", "Lk"))
-    return mask
-
-
-def _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask):
-    check_params(params, "params", _MHA_KEYS)
-    named = {f"params.{n}": params[n] for n in _MHA_KEYS}
-    check_same_float_dtype({"query": query, "key": key, "value": value, **named, "bias": bias})
-    check_rank(query, "query", ("B", "Lq", "D"))
-    B, Lq, D = query.shape
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)):
-        raise TypeError(f"num_heads: expected a positive int, got {num_heads!r}")  # private rule
-    check_divisible(D, num_heads)
-    check_shape(key, "key", ("B", "Lk", "D"), {"B": B, "D": D})
-    check_shape(value, "value", ("B", "Lk", "D"), {"B": B, "Lk": key.shape[1], "D": D})
-    for name, x in named.items():
-        check_shape(x, name, ("D", "D") if name.startswith("params.w") else ("D",), {"D": D})
-    target = (B, int(num_heads), Lq, key.shape[1])
-    _check_extras(mask, bias, dropout_p, dropout_mask, target, ("B", "H", "Lq", "Lk"))
-
-
-def _check_extras(mask, bias, dropout_p, dropout_mask, target, letters):
-    if mask is not None:
-        check_bool(mask, "mask")
-        check_broadcastable(mask, "mask", target, letters)
-    if bias is not None:
-        check_broadcastable(bias, "bias", target, letters)
-    check_probability(dropout_p)
-    if dropout_mask is not None:
-        check_bool(dropout_mask, "dropout_mask")
-        check_shape(dropout_mask, "dropout_mask", letters, dict(zip(letters, target)))

@@ -26,22 +26,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ._checks import (
-    check_bool,
-    check_choice,
-    check_divisible,
-    check_float,
-    check_params,
-    check_probability,
-    check_rank,
-    shape_str,
-)
+from numpy_ref._contract.checks import DROPOUT_SITES, LAYER_KEYS  # noqa: F401
+
+from ._checks import _key, float_dtype, rules
 from .attention import init_multi_head_attention, multi_head_attention
 from .layers import (
-    ACTIVATIONS,
-    FEED_FORWARD_KEYS,
     dropout,
     feed_forward,
     init_feed_forward,
@@ -55,9 +45,6 @@ __all__ = [
     "init_encoder_layer",
     "init_encoder",
 ]
-
-LAYER_KEYS = ("self_attn", "ffn", "norm1", "norm2")
-DROPOUT_SITES = ("attention", "ffn", "residual_attn", "residual_ffn")
 
 
 def encoder_layer(x, params, num_heads, *, mask=None, norm_first=False, activation="relu",
@@ -88,7 +75,9 @@ def encoder_layer(x, params, num_heads, *, mask=None, norm_first=False, activati
     Returns:
       ``(B, L, D)``.
     """
-    masks = _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks, rng)
+    masks, shapes = rules.encoder_layer(  # SPEC 3.13: x, every sublayer's params, the config, keep-masks
+        x, params, num_heads, mask, norm_first, activation, eps, dropout_p, dropout_masks)
+    masks = _draw_missing(masks, shapes, dropout_p, rng)
     s = _Sublayers(params, num_heads, mask, activation, eps, dropout_p, masks)
     if norm_first:
         h = x + s.drop_attn(s.attn(s.norm1(x)))
@@ -114,15 +103,17 @@ def encoder(x, params, num_heads, *, mask=None, norm_first=False, activation="re
         :func:`encoder_layer`, shared by every layer.
 
     Returns:
-      ``(B, L, D)``.
+      ``(B, L, D)``, a new array even for zero layers and no final norm.
     """
-    per_layer = _stack_masks(params, dropout_masks)
+    per_layer = rules.encoder(  # SPEC 3.14: the config even for zero layers, params.layers.<i>, the norm
+        x, params, num_heads, mask, norm_first, activation, eps, dropout_p, dropout_masks)
+    rng = _key(rng)
     rngs = [None] * len(per_layer) if rng is None else jax.random.split(rng, len(per_layer))
     for layer, masks, layer_rng in zip(params["layers"], per_layer, rngs):
         x = encoder_layer(x, layer, num_heads, mask=mask, norm_first=norm_first,
                           activation=activation, eps=eps, dropout_p=dropout_p,
                           dropout_masks=masks, rng=layer_rng)
-    return layer_norm(x, params["norm"], eps) if "norm" in params else x
+    return layer_norm(x, params["norm"], eps) if "norm" in params else jnp.copy(x)
 
 
 def init_encoder_layer(key, d_model, d_ff, dtype=jnp.float32):
@@ -130,7 +121,7 @@ def init_encoder_layer(key, d_model, d_ff, dtype=jnp.float32):
 
     ``key``: a JAX PRNG key.
     """
-    k_attn, k_ffn = jax.random.split(key)
+    k_attn, k_ffn = jax.random.split(_key(key, "key"))
     return {
         "self_attn": init_multi_head_attention(k_attn, d_model, dtype),
         "ffn": init_feed_forward(k_ffn, d_model, d_ff, dtype),
@@ -144,6 +135,8 @@ def init_encoder(key, num_layers, d_model, d_ff, final_norm=False, dtype=jnp.flo
 
     ``key``: a JAX PRNG key, split into one key per layer.
     """
+    key, dtype = _key(key, "key"), float_dtype(dtype)
+    rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
     keys = jax.random.split(key, num_layers)
     params = {"layers": [init_encoder_layer(k, d_model, d_ff, dtype) for k in keys]}
     if final_norm:
@@ -187,70 +180,20 @@ class _Sublayers:
 
 
 # --------------------------------------------------------------------------
-# validation and dropout masks
+# dropout masks
 
 
-def _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks, rng,
-                 name="dropout_masks"):
-    """Validate one layer's call; return a keep-mask (or None) for every site.
-
-    Given masks are checked (bool, exact shape); missing ones are drawn when
-    ``dropout_p > 0``, each site from its own split of ``rng`` (in
-    ``DROPOUT_SITES`` order).
-    """
-    check_float(x, "x")
-    check_rank(x, "x", ("B", "L", "D"))
-    check_params(params, "params", LAYER_KEYS)
-    check_params(params["ffn"], "params.ffn", FEED_FORWARD_KEYS)
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)):
-        raise TypeError(f"num_heads: expected a positive int, got {num_heads!r}")
-    check_divisible(x.shape[2], num_heads)
-    check_choice(activation, "activation", ACTIVATIONS)
-    check_probability(dropout_p, "dropout_p")
-    (B, L, D), H, F = x.shape, num_heads, params["ffn"]["w_1"].shape[-1]
-    shapes = {"attention": (B, H, L, L), "ffn": (B, L, F),
-              "residual_attn": (B, L, D), "residual_ffn": (B, L, D)}
-    if dropout_masks is None:
-        dropout_masks = {}
-    if not isinstance(dropout_masks, dict):
-        raise TypeError(f"{name}: expected a dict keyed by {list(DROPOUT_SITES)} or None, "
-                        f"got {type(dropout_masks).__name__}")
-    unknown = sorted(set(dropout_masks) - set(DROPOUT_SITES))
-    if unknown:
-        raise ValueError(f"{name}: unknown dropout site(s) {unknown}; "
-                         f"expected keys among {list(DROPOUT_SITES)}")
-    masks = {site: dropout_masks.get(site) for site in DROPOUT_SITES}
-    for site, m in masks.items():
-        if m is not None:
-            check_bool(m, f'{name}["{site}"]')
-            if tuple(m.shape) != shapes[site]:
-                raise ValueError(f'{name}["{site}"]: expected shape {shape_str(shapes[site])}, '
-                                 f"got {shape_str(m.shape)}")
-    if dropout_p == 0:
-        return masks
+def _draw_missing(masks, shapes, dropout_p, rng):
+    """The sites without a given keep-mask, each drawn from its own split of
+    ``rng`` (in ``DROPOUT_SITES`` order); JAX has no global generator."""
     missing = [site for site, m in masks.items() if m is None]
-    if missing and rng is None:  # JAX has no global generator to fall back on
+    if dropout_p == 0 or not missing:
+        return masks
+    if rng is None:
         raise ValueError(
-            f"rng: expected a JAX PRNG key (or explicit {name} for every site) when "
+            f"rng: expected a JAX PRNG key (or explicit dropout_masks for every site) when "
             f"dropout_p > 0; here dropout_p={dropout_p}, missing {missing}, got None"
         )
-    keys = dict(zip(DROPOUT_SITES, jax.random.split(rng, len(DROPOUT_SITES)))) if missing else {}
-    for site in missing:
-        masks[site] = jax.random.bernoulli(keys[site], 1.0 - dropout_p, shapes[site])
-    return masks
-
-
-def _stack_masks(params, dropout_masks):
-    """One ``dropout_masks`` entry per layer (None when none were given)."""
-    check_params(params, "params", ("layers",))
-    layers = params["layers"]
-    if not isinstance(layers, (list, tuple)):
-        raise TypeError(f"layers: expected a list of layer params, got {type(layers).__name__}")
-    if dropout_masks is None:
-        return [None] * len(layers)
-    if not isinstance(dropout_masks, (list, tuple)) or len(dropout_masks) != len(layers):
-        got = (f"{len(dropout_masks)} entries" if isinstance(dropout_masks, (list, tuple))
-               else type(dropout_masks).__name__)
-        raise ValueError(f"dropout_masks: expected a list of {len(layers)} dicts or None "
-                         f"(one per layer), got {got}")
-    return list(dropout_masks)
+    keys = dict(zip(DROPOUT_SITES, jax.random.split(_key(rng), len(DROPOUT_SITES))))
+    return {**masks, **{site: jax.random.bernoulli(keys[site], 1.0 - dropout_p, shapes[site])
+                        for site in missing}}

@@ -18,16 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ._checks import (
-    check_bool,
-    check_choice,
-    check_float,
-    check_params,
-    check_probability,
-    check_same_float_dtype,
-    check_shape,
-    shape_str,
-)
+from ._checks import _key, float_dtype, rules
 
 __all__ = [
     "linear",
@@ -38,9 +29,6 @@ __all__ = [
     "init_feed_forward",
 ]
 
-ACTIVATIONS = ("relu", "gelu")
-LAYER_NORM_KEYS = ("gamma", "beta")
-FEED_FORWARD_KEYS = ("w_1", "b_1", "w_2", "b_2")
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
@@ -55,7 +43,7 @@ def linear(x, w, b=None):
     Returns:
       ``(..., D_out)``.
     """
-    _check_linear(x, w, b)
+    rules.linear(x, w, b)  # SPEC 3.10: x (..., D_in), w (D_in, D_out), b (D_out,)
     y = x @ w  # (..., D_out)
     return y if b is None else y + b
 
@@ -75,7 +63,7 @@ def layer_norm(x, params, eps=1e-5):
     Returns:
       ``(..., D)``.
     """
-    _check_layer_norm(x, params, eps)
+    rules.layer_norm(x, params, eps)  # SPEC 3.10: x (..., D), gamma/beta (D,), eps > 0
     x_hat, _ = _normalize(x, eps)
     return params["gamma"] * x_hat + params["beta"]
 
@@ -98,7 +86,7 @@ def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None,
     Returns:
       ``(..., D)``.
     """
-    _check_feed_forward(x, params, activation)
+    rules.feed_forward(x, params, activation, dropout_p, dropout_mask)  # SPEC 3.11, the hidden keep-mask
     hidden = _ACT[activation](linear(x, params["w_1"], params["b_1"]))  # (..., F)
     hidden = _dropout(hidden, dropout_p, dropout_mask, rng, "dropout_p", "dropout_mask")
     return linear(hidden, params["w_2"], params["b_2"])  # (..., D)
@@ -108,7 +96,8 @@ def dropout(x, p, mask=None, rng=None):
     """Inverted dropout: ``out = x * mask / (1 - p)``.
 
     Kept values are scaled up at training time so that inference is the
-    identity. ``p == 0`` returns ``x`` itself.
+    identity. ``p == 0`` returns ``x`` itself. A dropped entry is exactly 0,
+    even where ``x`` is inf or NaN (selection, not multiplication).
 
     Args:
       x: floating array, any shape.
@@ -119,12 +108,14 @@ def dropout(x, p, mask=None, rng=None):
     Returns:
       array of ``x``'s shape and dtype.
     """
-    check_float(x, "x")
+    rules.dropout(x, p, mask)  # SPEC 3.12: float x, p in [0, 1), keep-mask of x's shape
     return _dropout(x, p, mask, rng, "p", "mask")
 
 
 def init_layer_norm(d_model, dtype=jnp.float32):
     """``{"gamma": ones (D,), "beta": zeros (D,)}``, the identity affine map."""
+    dtype = float_dtype(dtype)
+    (d_model,) = rules.widths(d_model=d_model)  # a positive int
     return {"gamma": jnp.ones(d_model, dtype), "beta": jnp.zeros(d_model, dtype)}
 
 
@@ -137,6 +128,8 @@ def init_feed_forward(key, d_model, d_ff, dtype=jnp.float32):
     Returns:
       ``{"w_1": (D, F), "b_1": (F,), "w_2": (F, D), "b_2": (D,)}``.
     """
+    key, dtype = _key(key, "key"), float_dtype(dtype)
+    d_model, d_ff = rules.widths(d_model=d_model, d_ff=d_ff)  # positive ints
     bound_1, bound_2 = 1 / math.sqrt(d_model), 1 / math.sqrt(d_ff)
     k_w1, k_b1, k_w2, k_b2 = jax.random.split(key, 4)
     uniform = jax.random.uniform
@@ -166,10 +159,10 @@ def _normalize(x, eps):
 
 
 def _dropout(x, p, mask, rng, p_name, mask_name):
-    """Inverted dropout with the caller's argument names in error messages."""
-    check_probability(p, p_name)
-    if mask is not None:
-        _check_mask(mask, mask_name, x.shape)
+    """Inverted dropout ``where(mask, x / (1 - p), 0)``; the caller checked ``p`` and ``mask``.
+
+    By selection: a dropped entry is exactly 0, even where ``x`` is inf or NaN.
+    """
     if p == 0:
         return x
     if mask is None:
@@ -178,50 +171,8 @@ def _dropout(x, p, mask, rng, p_name, mask_name):
                 f"rng: expected a JAX PRNG key (or an explicit {mask_name}) when "
                 f"{p_name} > 0; here {p_name}={p}, got None"
             )
-        mask = jax.random.bernoulli(rng, 1.0 - p, x.shape)
-    return x * mask * (1.0 / (1.0 - p))
-
-
-def _check_mask(mask, name, shape):
-    check_bool(mask, name)
-    if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {shape_str(shape)}, got {shape_str(mask.shape)}")
-
-
-def _check_linear(x, w, b):
-    check_same_float_dtype({"x": x, "w": w, "b": b})
-    check_shape(w, "w", ("D_in", "D_out"))
-    d_in, d_out = w.shape
-    if x.ndim < 1 or x.shape[-1] != d_in:
-        raise ValueError(f"x: expected shape (..., D_in) with D_in={d_in}, got {shape_str(x.shape)}")
-    if b is not None:
-        check_shape(b, "b", ("D_out",), {"D_out": d_out})
-
-
-def _check_layer_norm(x, params, eps):
-    check_params(params, "params", LAYER_NORM_KEYS)
-    check_same_float_dtype({"x": x, "params.gamma": params["gamma"], "params.beta": params["beta"]})
-    if x.ndim < 1:
-        raise ValueError(f"x: expected shape (..., D), got {shape_str(x.shape)}")
-    d = x.shape[-1]
-    check_shape(params["gamma"], "params.gamma", ("D",), {"D": d})
-    check_shape(params["beta"], "params.beta", ("D",), {"D": d})
-    if not float(eps) > 0:
-        raise ValueError(f"eps: expected a positive number, got {eps}")
-
-
-def _check_feed_forward(x, params, activation):
-    check_choice(activation, "activation", ACTIVATIONS)
-    check_params(params, "params", FEED_FORWARD_KEYS)
-    check_same_float_dtype({"x": x, **{f"params.{k}": params[k] for k in FEED_FORWARD_KEYS}})
-    if x.ndim < 1:
-        raise ValueError(f"x: expected shape (..., D), got {shape_str(x.shape)}")
-    d = x.shape[-1]
-    check_shape(params["w_1"], "params.w_1", ("D", "F"), {"D": d})
-    f = params["w_1"].shape[1]
-    check_shape(params["b_1"], "params.b_1", ("F",), {"F": f})
-    check_shape(params["w_2"], "params.w_2", ("F", "D"), {"F": f, "D": d})
-    check_shape(params["b_2"], "params.b_2", ("D",), {"D": d})
+        mask = jax.random.bernoulli(_key(rng), 1.0 - p, x.shape)
+    return jnp.where(mask, x * (1.0 / (1.0 - p)), 0)
 
 
 # --------------------------------------------------------------------------

@@ -16,32 +16,11 @@ Shape letters: ``B`` batch, ``H`` heads, ``Lq`` query length, ``Lk`` key length.
 """
 from __future__ import annotations
 
-import operator
-
 import jax.numpy as jnp
-import numpy as np
 
-from ._checks import _is_concrete, check_bool, check_int, check_rank, shape_str
+from ._checks import float_dtype, rules
 
 __all__ = ["padding_mask", "causal_mask", "combine_masks", "mask_to_bias"]
-
-
-def _length(n, name: str) -> int:
-    """A non-negative Python int from an int-like ``n`` (TypeError for floats, bools).
-
-    Shapes are static under ``jit``, so a traced ``n`` is a ValueError that says so.
-    """
-    if not _is_concrete(n):
-        raise ValueError(f"{name}: expected a static Python int under jax.jit, got a traced value")
-    if isinstance(n, (bool, np.bool_)) or getattr(n, "dtype", None) == np.bool_:
-        raise TypeError(f"{name}: expected an integer, got {type(n).__name__}")
-    try:
-        value = operator.index(n)
-    except TypeError:
-        raise TypeError(f"{name}: expected an integer, got {type(n).__name__}") from None
-    if value < 0:
-        raise ValueError(f"{name}: expected a non-negative integer, got {value}")
-    return value
 
 
 def padding_mask(lengths=None, max_len=None, *, tokens=None, pad_id=0):
@@ -60,36 +39,11 @@ def padding_mask(lengths=None, max_len=None, *, tokens=None, pad_id=0):
     Returns:
       bool ``(B, 1, 1, Lk)``, ready to broadcast over heads and queries.
     """
-    if (lengths is None) == (tokens is None):
-        got = "both" if lengths is not None else "neither"
-        raise ValueError(f"lengths: expected exactly one of lengths or tokens, got {got}")
+    lengths, max_len, tokens, pad_id = rules.padding_mask(  # SPEC 3.2: one of the two; lengths in [0, max_len]
+        lengths, max_len, tokens, pad_id)
     if tokens is not None:
-        if max_len is not None:
-            raise ValueError("max_len: only used with lengths; tokens already fix Lk")
-        tokens = jnp.asarray(tokens)
-        check_int(tokens, "tokens")
-        check_rank(tokens, "tokens", ("B", "Lk"))
-        return (tokens != pad_id)[:, None, None, :]  # (B, 1, 1, Lk)
-
-    lengths = jnp.asarray(lengths)
-    check_int(lengths, "lengths")
-    check_rank(lengths, "lengths", ("B",))
-    if max_len is None:
-        if not _is_concrete(lengths):
-            raise ValueError(
-                "max_len: expected a static int under jax.jit (the mask's shape "
-                "depends on it), got None"
-            )
-        max_len = int(lengths.max()) if lengths.size else 0
-    max_len = _length(max_len, "max_len")
-    if _is_concrete(lengths) and lengths.size and (
-        int(lengths.min()) < 0 or int(lengths.max()) > max_len
-    ):
-        raise ValueError(
-            f"lengths: expected values in [0, max_len] with max_len={max_len}, "
-            f"got {lengths.tolist()}"
-        )
-    keep = jnp.arange(max_len) < lengths[:, None]  # (B, Lk)
+        return (jnp.asarray(tokens) != pad_id)[:, None, None, :]  # (B, 1, 1, Lk)
+    keep = jnp.arange(max_len) < jnp.asarray(lengths)[:, None]  # (B, Lk)
     return keep[:, None, None, :]  # (B, 1, 1, Lk)
 
 
@@ -107,8 +61,7 @@ def causal_mask(Lq, Lk=None):
     Returns:
       bool ``(Lq, Lk)``.
     """
-    Lq = _length(Lq, "Lq")
-    Lk = Lq if Lk is None else _length(Lk, "Lk")
+    Lq, Lk = rules.causal_mask(Lq, Lk)  # SPEC 3.2: non-negative static ints
     return jnp.arange(Lk)[None, :] <= jnp.arange(Lq)[:, None]  # (Lq, Lk)
 
 
@@ -124,23 +77,10 @@ def combine_masks(*masks):
     Returns:
       bool array of the broadcast shape, or None when every mask is None.
     """
-    combined, shape = None, None
-    for i, m in enumerate(masks):
-        if m is None:
-            continue
+    combined = None
+    for m in rules.combine_masks(masks):  # SPEC 3.2: bool, broadcastable with one another
         m = jnp.asarray(m)
-        check_bool(m, f"masks[{i}]")
-        if combined is None:
-            combined, shape = m, m.shape
-            continue
-        try:
-            shape = np.broadcast_shapes(shape, m.shape)
-        except ValueError:
-            raise ValueError(
-                f"masks[{i}]: expected a shape broadcastable with {shape_str(shape)} "
-                f"(the masks before it), got {shape_str(m.shape)}"
-            ) from None
-        combined = combined & m
+        combined = m if combined is None else combined & m
     return combined
 
 
@@ -159,9 +99,6 @@ def mask_to_bias(mask, dtype=jnp.float32):
     Returns:
       ``dtype`` array of ``mask``'s shape.
     """
-    mask = jnp.asarray(mask)
-    check_bool(mask, "mask")
-    dtype = jnp.dtype(dtype)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"dtype: expected a floating-point dtype, got {dtype}")
+    mask = jnp.asarray(rules.mask_to_bias(mask))  # SPEC 3.2: a bool mask
+    dtype = float_dtype(dtype)
     return jnp.where(mask, jnp.zeros((), dtype), jnp.full((), -jnp.inf, dtype))

@@ -12,21 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import check_rank, check_same_float_dtype, check_shape
-from .masks import _length
+from ._checks import _key, float_dtype, rules
 
 __all__ = [
     "sinusoidal_encoding",
     "add_positional_encoding",
     "init_learned_positional_embedding",
 ]
-
-
-def _float_dtype(dtype):
-    dtype = jnp.dtype(dtype)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"dtype: expected a floating-point dtype, got {dtype}")
-    return dtype
 
 
 def sinusoidal_encoding(max_len, d_model, dtype=jnp.float32):
@@ -46,9 +38,8 @@ def sinusoidal_encoding(max_len, d_model, dtype=jnp.float32):
     Returns:
       ``(max_len, D)``.
     """
-    max_len = _length(max_len, "max_len")
-    d_model = _length(d_model, "d_model")
-    dtype = _float_dtype(dtype)
+    max_len, d_model = rules.sinusoidal(max_len, d_model)  # SPEC 3.9: max_len >= 0, D >= 1
+    dtype = float_dtype(dtype)
     pos = np.arange(max_len, dtype=np.float64)[:, None]  # (max_len, 1)
     two_i = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(D/2),)
     angle = pos / 10000.0 ** (two_i / d_model)  # (max_len, ceil(D/2))
@@ -70,7 +61,7 @@ def add_positional_encoding(x, table):
     Returns:
       ``(B, L, D)``.
     """
-    _check_add(x, table)
+    rules.add_positional(x, table)  # SPEC 3.9: x (B, L, D), table (max_len, D), L <= max_len
     return x + table[: x.shape[1]]  # (B, L, D)
 
 
@@ -85,18 +76,8 @@ def init_learned_positional_embedding(key, max_len, d_model, dtype=jnp.float32):
     Returns:
       ``{"table": (max_len, D)}``.
     """
-    max_len = _length(max_len, "max_len")
-    d_model = _length(d_model, "d_model")
-    dtype = _float_dtype(dtype)
+    max_len, d_model = rules.sinusoidal(max_len, d_model)  # max_len >= 0, D >= 1
+    key, dtype = _key(key, "key"), float_dtype(dtype)
     return {"table": 0.02 * jax.random.normal(key, (max_len, d_model), dtype)}
 
 
-def _check_add(x, table):
-    check_same_float_dtype({"x": x, "table": table})
-    check_rank(x, "x", ("B", "L", "D"))
-    check_shape(table, "table", ("max_len", "D"), {"D": x.shape[2]})
-    if x.shape[1] > table.shape[0]:
-        raise ValueError(
-            f"x: expected length L <= max_len={table.shape[0]} of table, got L={x.shape[1]} "
-            f"(x {tuple(x.shape)}, table {tuple(table.shape)})"
-        )

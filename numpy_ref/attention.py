@@ -22,18 +22,7 @@ import math
 
 import numpy as np
 
-from ._checks import (
-    check_bool,
-    check_broadcastable,
-    check_divisible,
-    check_params,
-    check_probability,
-    check_scale,
-    check_rank,
-    check_same_float_dtype,
-    check_shape,
-    shape_str,
-)
+from ._checks import _generator, float_dtype, rules
 
 __all__ = [
     "softmax",
@@ -48,9 +37,6 @@ __all__ = [
     "multi_head_attention_backward",
 ]
 
-_MHA_KEYS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
-_ADDITIVE_KEYS = ("w_1", "w_2", "v")
-
 
 # --------------------------------------------------------------------------
 # softmax
@@ -63,18 +49,19 @@ def softmax(x, axis=-1, mask=None):
     ``p = exp(x - max_valid(x)) / sum_valid(exp(x - max_valid(x)))`` over
     ``axis``, where an entry is *valid* iff ``mask`` is True there and
     ``x != -inf``. Invalid entries get 0; a row without valid entries is all 0
-    (not NaN, not uniform).
+    (not NaN, not uniform). float16 inputs are computed in float32 and
+    rounded once, as the mirrors do.
 
     Args:
       x: float array of any shape.
-      axis: the axis to normalise over.
+      axis: the axis to normalise over, an int in ``[-x.ndim, x.ndim)``.
       mask: optional bool array broadcastable to ``x.shape`` (True = keep).
 
     Returns:
       ``p``, same shape and dtype as ``x``; rows sum to 1 or to 0.
     """
-    _check_softmax(x, mask)
-    return _masked_softmax(x, mask, axis)
+    rules.softmax(x, axis, mask)  # SPEC 3.5: float x, int axis in range, bool mask
+    return _masked_softmax(_upcast(x), mask, axis).astype(x.dtype, copy=False)
 
 
 def softmax_backward(d_out, x, axis=-1, mask=None):
@@ -87,12 +74,10 @@ def softmax_backward(d_out, x, axis=-1, mask=None):
     Returns:
       ``{"x": dx}``; masked entries and fully masked rows get 0.
     """
-    _check_softmax(x, mask)
-    letters = _axis_letters(x.ndim)
-    check_same_float_dtype({"x": x, "d_out": d_out})
-    check_shape(d_out, "d_out", letters, dict(zip(letters, x.shape)))
-    p = _masked_softmax(x, mask, axis)  # shape of x
-    return {"x": _softmax_grad(p, d_out, axis)}  # shape of x
+    rules.softmax(x, axis, mask)  # SPEC 3.5: float x, int axis in range, bool mask
+    rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
+    p = _masked_softmax(_upcast(x), mask, axis)  # shape of x
+    return {"x": _softmax_grad(p, _upcast(d_out), axis).astype(x.dtype, copy=False)}  # shape of x
 
 
 def _masked_softmax(x, mask, axis):
@@ -101,7 +86,8 @@ def _masked_softmax(x, mask, axis):
         valid = valid & mask
     # Row max over the valid entries only; an empty row's max is set to 0 so
     # that no ``-inf - (-inf)`` is ever computed.
-    m = np.max(np.where(valid, x, -np.inf), axis=axis, keepdims=True)
+    # (``initial``: a row of Lk = 0 keys has no max either.)
+    m = np.max(np.where(valid, x, -np.inf), axis=axis, keepdims=True, initial=-np.inf)
     m = np.where(m == -np.inf, 0.0, m)
     e = np.where(valid, np.exp(np.where(valid, x, m) - m), 0.0)
     s = np.sum(e, axis=axis, keepdims=True)
@@ -142,12 +128,13 @@ def scaled_dot_product_attention(
       ``(out (*batch, Lq, Dv), weights (*batch, Lq, Lk))``; ``weights`` is
       the softmax *before* dropout; a fully masked row gives 0 in both.
     """
-    _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask)
+    rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask)  # SPEC 3.6
     scale = _scale(q, scale)
-    scores = q @ np.swapaxes(k, -1, -2) * scale  # (*batch, Lq, Lk)
+    # scores and softmax in float32 for float16 inputs, weights rounded once
+    scores = _upcast(q) @ np.swapaxes(_upcast(k), -1, -2) * scale  # (*batch, Lq, Lk)
     if bias is not None:
-        scores = scores + bias  # (*batch, Lq, Lk)
-    weights = _masked_softmax(scores, mask, -1)  # (*batch, Lq, Lk)
+        scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
+    weights = _masked_softmax(scores, mask, -1).astype(q.dtype, copy=False)  # (*batch, Lq, Lk)
     keep = _keep_mask(dropout_p, dropout_mask, rng, weights.shape)
     dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
     return dropped @ v, weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
@@ -172,35 +159,35 @@ def scaled_dot_product_attention_backward(
     Returns:
       ``{"q", "k", "v"}`` and ``"bias"`` (bias's own shape) when bias is given.
     """
-    _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask)
-    _require_dropout_mask(dropout_p, dropout_mask)
+    rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask)  # SPEC 3.6
+    rules.require_mask(dropout_p, dropout_mask, "dropout_p", "dropout_mask")  # the forward's keep-mask
     batch = _batch_letters(q.ndim)
     scores_shape = (*q.shape[:-1], k.shape[-2])
-    d_out, d_weights = _check_cotangents(
+    d_out, d_weights = rules.cotangents(  # q's dtype, out's and weights' shapes
         d_out, q, "q",
         ((*batch, "Lq", "Dv"), (*q.shape[:-1], v.shape[-1])),
         ((*batch, "Lq", "Lk"), scores_shape),
     )
     scale = _scale(q, scale)
-    scores = q @ np.swapaxes(k, -1, -2) * scale  # (*batch, Lq, Lk)
+    scores = _upcast(q) @ np.swapaxes(_upcast(k), -1, -2) * scale  # (*batch, Lq, Lk)
     if bias is not None:
-        scores = scores + bias  # (*batch, Lq, Lk)
-    p = _masked_softmax(scores, mask, -1)  # (*batch, Lq, Lk)
+        scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
+    p = _masked_softmax(scores, mask, -1)  # (*batch, Lq, Lk), float32 for float16 inputs
     keep = _keep_mask(dropout_p, dropout_mask, None, p.shape)
-    dropped = _dropout(p, keep, dropout_p)  # (*batch, Lq, Lk)
+    dropped = _dropout(p.astype(q.dtype, copy=False), keep, dropout_p)  # (*batch, Lq, Lk)
 
     dv = np.swapaxes(dropped, -1, -2) @ d_out  # (*batch, Lk, Dv)
     d_dropped = d_out @ np.swapaxes(v, -1, -2)  # (*batch, Lq, Lk)
     dp = _dropout(d_dropped, keep, dropout_p)  # (*batch, Lq, Lk)
     if d_weights is not None:
         dp = dp + d_weights  # (*batch, Lq, Lk)
-    ds = _softmax_grad(p, dp)  # (*batch, Lq, Lk)
-    dq = ds @ k * scale  # (*batch, Lq, Dk)
-    dk = np.swapaxes(ds, -1, -2) @ q * scale  # (*batch, Lk, Dk)
+    ds = _softmax_grad(p, _upcast(dp))  # (*batch, Lq, Lk)
+    dq = ds @ _upcast(k) * scale  # (*batch, Lq, Dk)
+    dk = np.swapaxes(ds, -1, -2) @ _upcast(q) * scale  # (*batch, Lk, Dk)
     grads = {"q": dq, "k": dk, "v": dv}
     if bias is not None:
         grads["bias"] = _sum_to_shape(ds, bias.shape)  # bias.shape
-    return grads
+    return {name: g.astype(q.dtype, copy=False) for name, g in grads.items()}
 
 
 # --------------------------------------------------------------------------
@@ -226,10 +213,10 @@ def additive_attention(query, keys, params, mask=None):
     Returns:
       ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
     """
-    mask = _check_additive(query, keys, params, mask)
+    mask = rules.additive(query, keys, params, mask)  # SPEC 3.7; a (B, 1, 1, Lk) mask loses its head axis
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
     e = t @ params["v"]  # (B, Lq, Lk)
-    weights = _masked_softmax(e, mask, -1)  # (B, Lq, Lk)
+    weights = _masked_softmax(_upcast(e), mask, -1).astype(e.dtype, copy=False)  # (B, Lq, Lk)
     return weights @ keys, weights  # (B, Lq, Dk), (B, Lq, Lk)
 
 
@@ -250,19 +237,20 @@ def additive_attention_backward(d_out, query, keys, params, mask=None):
     Returns:
       ``{"query", "keys", "params": {"w_1", "w_2", "v"}}``.
     """
-    mask = _check_additive(query, keys, params, mask)
+    mask = rules.additive(query, keys, params, mask)  # SPEC 3.7; a (B, 1, 1, Lk) mask loses its head axis
     (B, Lq, _), (_, Lk, Dk) = query.shape, keys.shape
-    d_ctx, d_weights = _check_cotangents(
+    d_ctx, d_weights = rules.cotangents(  # query's dtype, context's and weights' shapes
         d_out, query, "query", (("B", "Lq", "Dk"), (B, Lq, Dk)), (("B", "Lq", "Lk"), (B, Lq, Lk))
     )
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
-    p = _masked_softmax(t @ params["v"], mask, -1)  # (B, Lq, Lk)
+    p32 = _masked_softmax(_upcast(t @ params["v"]), mask, -1)  # (B, Lq, Lk), float32 for float16
+    p = p32.astype(query.dtype, copy=False)  # (B, Lq, Lk)
 
     d_keys = np.swapaxes(p, -1, -2) @ d_ctx  # (B, Lk, Dk)
     dp = d_ctx @ np.swapaxes(keys, -1, -2)  # (B, Lq, Lk)
     if d_weights is not None:
         dp = dp + d_weights  # (B, Lq, Lk)
-    de = _softmax_grad(p, dp)  # (B, Lq, Lk)
+    de = _softmax_grad(p32, _upcast(dp)).astype(query.dtype, copy=False)  # (B, Lq, Lk)
     dv = np.einsum("bij,bija->a", de, t)  # (A,)
     d_pre = de[..., None] * params["v"] * (1.0 - t * t)  # (B, Lq, Lk, A)
     d_query_proj = d_pre.sum(axis=2)  # (B, Lq, A)
@@ -310,7 +298,7 @@ def multi_head_attention(
       A fully masked query row has weights 0 and a zero concat row, so its
       ``out`` row is ``b_o``.
     """
-    _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)
+    rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)  # SPEC 3.8
     # 1) project, 2) split heads
     qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
     # 3) attend
@@ -347,10 +335,10 @@ def multi_head_attention_backward(
       caller sums the three gradients. ``b_k``'s gradient is 0 up to rounding:
       ``q · b_k`` shifts a whole score row, which the softmax ignores.
     """
-    _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)
-    _require_dropout_mask(dropout_p, dropout_mask)
+    rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)  # SPEC 3.8
+    rules.require_mask(dropout_p, dropout_mask, "dropout_p", "dropout_mask")  # the forward's keep-mask
     (B, Lq, D), Lk = query.shape, key.shape[1]
-    d_out, d_weights = _check_cotangents(
+    d_out, d_weights = rules.cotangents(  # query's dtype, out's and weights' shapes
         d_out, query, "query",
         (("B", "Lq", "D"), (B, Lq, D)), (("B", "H", "Lq", "Lk"), (B, num_heads, Lq, Lk)),
     )
@@ -423,7 +411,8 @@ def init_multi_head_attention(rng, d_model, dtype=np.float64):
     ``a = sqrt(6 / (D + D))``; biases zero ``(D,)``, as ``nn.MultiheadAttention``.
     ``rng``: a ``numpy.random.Generator`` (or a seed, or None).
     """
-    rng = np.random.default_rng(rng)
+    rng, dtype = _generator(rng), float_dtype(dtype)
+    (d_model,) = rules.widths(d_model=d_model)  # a positive int
     params = {}
     for name in ("q", "k", "v", "o"):
         params[f"w_{name}"] = _xavier_uniform(rng, d_model, d_model, dtype)
@@ -438,7 +427,8 @@ def init_additive_attention(rng, d_query, d_key, d_attn, dtype=np.float64):
     ``v (A,) ~ U(-1/sqrt(A), 1/sqrt(A))``.
     ``rng``: a ``numpy.random.Generator`` (or a seed, or None).
     """
-    rng = np.random.default_rng(rng)
+    rng, dtype = _generator(rng), float_dtype(dtype)
+    d_query, d_key, d_attn = rules.widths(d_query=d_query, d_key=d_key, d_attn=d_attn)  # positive ints
     bound = 1.0 / math.sqrt(d_attn)
     return {
         "w_1": _xavier_uniform(rng, d_key, d_attn, dtype),
@@ -458,7 +448,6 @@ def _xavier_uniform(rng, fan_in, fan_out, dtype):
 
 
 def _scale(q, scale):
-    check_scale(scale)
     # A Python float keeps float32 inputs float32 (a numpy float64 would promote).
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
@@ -469,13 +458,20 @@ def _keep_mask(dropout_p, dropout_mask, rng, shape):
         return None
     if dropout_mask is not None:
         return dropout_mask
-    rng = np.random.default_rng() if rng is None else rng
-    return rng.random(shape) >= float(dropout_p)
+    return _generator(rng).random(shape) >= float(dropout_p)
 
 
 def _dropout(x, keep, dropout_p):
-    """Inverted dropout ``x * keep / (1 - p)``; also its own backward."""
-    return x if keep is None else x * keep / (1.0 - float(dropout_p))
+    """Inverted dropout ``x * keep / (1 - p)``; also its own backward.
+
+    By selection: a dropped entry is exactly 0, even where ``x`` is inf or NaN.
+    """
+    return x if keep is None else np.where(keep, x / (1.0 - float(dropout_p)), x.dtype.type(0))
+
+
+def _upcast(x):
+    """float16 -> float32 (scores, softmax and statistics never run in half); others unchanged."""
+    return x.astype(np.float32) if x.dtype == np.float16 else x
 
 
 def _sum_to_shape(g, shape):
@@ -486,114 +482,9 @@ def _sum_to_shape(g, shape):
 
 
 # --------------------------------------------------------------------------
-# validation (numpy_ref/_checks.py, plus the rules marked private)
+# shape letters
 # --------------------------------------------------------------------------
-
-
-def _axis_letters(ndim):
-    return tuple(f"N{i}" for i in range(ndim))
 
 
 def _batch_letters(ndim):
     return ("B", "H")[: ndim - 2]
-
-
-def _check_softmax(x, mask):
-    check_same_float_dtype({"x": x})
-    if mask is not None:
-        check_bool(mask, "mask")
-        check_broadcastable(mask, "mask", x.shape, _axis_letters(x.ndim))
-
-
-def _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask):
-    check_same_float_dtype({"q": q, "k": k, "v": v, "bias": bias})
-    if q.ndim not in (3, 4):  # private rule: two admissible ranks
-        raise ValueError(
-            f"q: expected shape (B, Lq, Dk) or (B, H, Lq, Dk), got {shape_str(q.shape)}"
-        )
-    batch = _batch_letters(q.ndim)
-    sizes = dict(zip(batch, q.shape[:-2]))
-    check_shape(k, "k", (*batch, "Lk", "Dk"), {**sizes, "Dk": q.shape[-1]})
-    check_shape(v, "v", (*batch, "Lk", "Dv"), {**sizes, "Lk": k.shape[-2]})
-    target = (*q.shape[:-1], k.shape[-2])
-    _check_extras(mask, bias, dropout_p, dropout_mask, target, (*batch, "Lq", "Lk"))
-
-
-def _check_additive(query, keys, params, mask):
-    """Validate; return the mask with a size-1 head axis dropped."""
-    check_params(params, "params", _ADDITIVE_KEYS)
-    named = {f"params.{n}": params[n] for n in _ADDITIVE_KEYS}
-    check_same_float_dtype({"query": query, "keys": keys, **named})
-    check_rank(query, "query", ("B", "Lq", "Dq"))
-    (B, Lq, Dq) = query.shape
-    check_shape(keys, "keys", ("B", "Lk", "Dk"), {"B": B})
-    Lk, Dk = keys.shape[1:]
-    check_shape(params["w_1"], "params.w_1", ("Dk", "A"), {"Dk": Dk})
-    A = params["w_1"].shape[1]
-    check_shape(params["w_2"], "params.w_2", ("Dq", "A"), {"Dq": Dq, "A": A})
-    check_shape(params["v"], "params.v", ("A",), {"A": A})
-    if mask is None:
-        return None
-    check_bool(mask, "mask")
-    if mask.ndim == 4:
-        check_broadcastable(mask, "mask", (B, 1, Lq, Lk), ("B", "H", "Lq", "Lk"))
-        mask = mask[:, 0]
-    check_broadcastable(mask, "mask", (B, Lq, Lk), ("B", "Lq", "Lk"))
-    return mask
-
-
-def _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask):
-    check_params(params, "params", _MHA_KEYS)
-    named = {f"params.{n}": params[n] for n in _MHA_KEYS}
-    check_same_float_dtype({"query": query, "key": key, "value": value, **named, "bias": bias})
-    check_rank(query, "query", ("B", "Lq", "D"))
-    B, Lq, D = query.shape
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)):
-        raise TypeError(f"num_heads: expected a positive int, got {num_heads!r}")  # private rule
-    check_divisible(D, num_heads)
-    check_shape(key, "key", ("B", "Lk", "D"), {"B": B, "D": D})
-    check_shape(value, "value", ("B", "Lk", "D"), {"B": B, "Lk": key.shape[1], "D": D})
-    for name, x in named.items():
-        check_shape(x, name, ("D", "D") if name.startswith("params.w") else ("D",), {"D": D})
-    target = (B, int(num_heads), Lq, key.shape[1])
-    _check_extras(mask, bias, dropout_p, dropout_mask, target, ("B", "H", "Lq", "Lk"))
-
-
-def _check_extras(mask, bias, dropout_p, dropout_mask, target, letters):
-    if mask is not None:
-        check_bool(mask, "mask")
-        check_broadcastable(mask, "mask", target, letters)
-    if bias is not None:
-        check_broadcastable(bias, "bias", target, letters)
-    check_probability(dropout_p)
-    if dropout_mask is not None:
-        check_bool(dropout_mask, "dropout_mask")
-        check_shape(dropout_mask, "dropout_mask", letters, dict(zip(letters, target)))
-
-
-def _require_dropout_mask(dropout_p, dropout_mask):
-    if float(dropout_p) > 0.0 and dropout_mask is None:  # private rule
-        raise ValueError(
-            "dropout_mask: expected the bool keep-mask the forward pass ran with "
-            f"(the backward needs it when dropout_p > 0; here dropout_p={dropout_p}), got None"
-        )
-
-
-def _check_cotangents(d_out, ref, ref_name, out_spec, weights_spec):
-    """Split ``d_out`` into ``(d_out, d_weights)``; check dtype and shapes.
-
-    ``out_spec``/``weights_spec``: ``(letters, shape)`` of out and weights.
-    """
-    d_weights = None
-    if isinstance(d_out, (tuple, list)):
-        if len(d_out) != 2:  # private rule
-            raise ValueError(
-                "d_out: expected an array or a pair (d_out, d_weights), "
-                f"got a {type(d_out).__name__} of length {len(d_out)}"
-            )
-        d_out, d_weights = d_out
-    check_same_float_dtype({ref_name: ref, "d_out": d_out, "d_weights": d_weights})
-    for x, name, (letters, shape) in ((d_out, "d_out", out_spec), (d_weights, "d_weights", weights_spec)):
-        if x is not None:
-            check_shape(x, name, letters, dict(zip(letters, shape)))
-    return d_out, d_weights

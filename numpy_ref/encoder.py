@@ -21,24 +21,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import (
-    check_bool,
-    check_choice,
-    check_divisible,
-    check_float,
-    check_params,
-    check_probability,
-    check_rank,
-    shape_str,
-)
+from ._checks import _generator, float_dtype, rules
+from ._contract.checks import DROPOUT_SITES, LAYER_KEYS  # noqa: F401  (the tables, named here too)
 from .attention import (
     init_multi_head_attention,
     multi_head_attention,
     multi_head_attention_backward,
 )
 from .layers import (
-    ACTIVATIONS,
-    FEED_FORWARD_KEYS,
     dropout,
     dropout_backward,
     feed_forward,
@@ -57,9 +47,6 @@ __all__ = [
     "encoder_layer_backward",
     "encoder_backward",
 ]
-
-LAYER_KEYS = ("self_attn", "ffn", "norm1", "norm2")
-DROPOUT_SITES = ("attention", "ffn", "residual_attn", "residual_ffn")
 
 
 def encoder_layer(x, params, num_heads, *, mask=None, norm_first=False, activation="relu",
@@ -89,7 +76,9 @@ def encoder_layer(x, params, num_heads, *, mask=None, norm_first=False, activati
     Returns:
       ``(B, L, D)``.
     """
-    masks = _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks, rng)
+    masks, shapes = rules.encoder_layer(  # SPEC 3.13: x, every sublayer's params, the config, keep-masks
+        x, params, num_heads, mask, norm_first, activation, eps, dropout_p, dropout_masks)
+    masks = _draw_missing(masks, shapes, dropout_p, rng)
     s = _Sublayers(params, num_heads, mask, activation, eps, dropout_p, masks)
     if norm_first:
         h = x + s.drop_attn(s.attn(s.norm1(x)))
@@ -114,19 +103,21 @@ def encoder(x, params, num_heads, *, mask=None, norm_first=False, activation="re
         :func:`encoder_layer`, shared by every layer.
 
     Returns:
-      ``(B, L, D)``.
+      ``(B, L, D)``, a new array even for zero layers and no final norm.
     """
-    per_layer = _stack_masks(params, dropout_masks)
-    rng = np.random.default_rng() if rng is None else rng
+    per_layer = rules.encoder(  # SPEC 3.14: the config even for zero layers, params.layers.<i>, the norm
+        x, params, num_heads, mask, norm_first, activation, eps, dropout_p, dropout_masks)
+    rng = _generator(rng)
     for layer, masks in zip(params["layers"], per_layer):
         x = encoder_layer(x, layer, num_heads, mask=mask, norm_first=norm_first,
                           activation=activation, eps=eps, dropout_p=dropout_p,
                           dropout_masks=masks, rng=rng)
-    return layer_norm(x, params["norm"], eps) if "norm" in params else x
+    return layer_norm(x, params["norm"], eps) if "norm" in params else x.copy()
 
 
 def init_encoder_layer(rng, d_model, d_ff, dtype=np.float64):
     """``{"self_attn", "ffn", "norm1", "norm2"}`` with each block's own init."""
+    rng = _generator(rng)
     return {
         "self_attn": init_multi_head_attention(rng, d_model, dtype),
         "ffn": init_feed_forward(rng, d_model, d_ff, dtype),
@@ -137,6 +128,8 @@ def init_encoder_layer(rng, d_model, d_ff, dtype=np.float64):
 
 def init_encoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=np.float64):
     """``{"layers": [num_layers layer params], "norm"?: layer-norm params}``."""
+    rng, dtype = _generator(rng), float_dtype(dtype)
+    rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
     params = {"layers": [init_encoder_layer(rng, d_model, d_ff, dtype) for _ in range(num_layers)]}
     if final_norm:
         params["norm"] = init_layer_norm(d_model, dtype)
@@ -200,71 +193,16 @@ class _Sublayers:
 
 
 # --------------------------------------------------------------------------
-# validation and dropout masks
+# dropout masks
 
 
-def _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks, rng,
-                 name="dropout_masks", require=False):
-    """Validate one layer's call; return a keep-mask (or None) for every site.
-
-    Given masks are checked (bool, exact shape); missing ones are drawn from
-    ``rng`` in ``DROPOUT_SITES`` order when ``dropout_p > 0``, or, for a
-    backward pass (``require=True``), are an error.
-    """
-    check_float(x, "x")
-    check_rank(x, "x", ("B", "L", "D"))
-    check_params(params, "params", LAYER_KEYS)
-    check_params(params["ffn"], "params.ffn", FEED_FORWARD_KEYS)
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)):
-        raise TypeError(f"num_heads: expected a positive int, got {num_heads!r}")
-    check_divisible(x.shape[2], num_heads)
-    check_choice(activation, "activation", ACTIVATIONS)
-    check_probability(dropout_p, "dropout_p")
-    (B, L, D), H, F = x.shape, num_heads, params["ffn"]["w_1"].shape[-1]
-    shapes = {"attention": (B, H, L, L), "ffn": (B, L, F),
-              "residual_attn": (B, L, D), "residual_ffn": (B, L, D)}
-    if dropout_masks is None:
-        dropout_masks = {}
-    if not isinstance(dropout_masks, dict):
-        raise TypeError(f"{name}: expected a dict keyed by {list(DROPOUT_SITES)} or None, "
-                        f"got {type(dropout_masks).__name__}")
-    unknown = sorted(set(dropout_masks) - set(DROPOUT_SITES))
-    if unknown:
-        raise ValueError(f"{name}: unknown dropout site(s) {unknown}; "
-                         f"expected keys among {list(DROPOUT_SITES)}")
-    masks = {site: dropout_masks.get(site) for site in DROPOUT_SITES}
-    for site, m in masks.items():
-        if m is not None:
-            check_bool(m, f'{name}["{site}"]')
-            if tuple(m.shape) != shapes[site]:
-                raise ValueError(f'{name}["{site}"]: expected shape {shape_str(shapes[site])}, '
-                                 f"got {shape_str(m.shape)}")
-    if dropout_p == 0:
-        return masks
+def _draw_missing(masks, shapes, dropout_p, rng):
+    """The sites without a given keep-mask, drawn from ``rng`` in ``DROPOUT_SITES`` order."""
     missing = [site for site, m in masks.items() if m is None]
-    if require and missing:
-        raise ValueError(f"{name}: a backward pass with dropout_p > 0 needs the keep-masks of all "
-                         f"four sites the forward ran with; missing {missing}")
-    rng = np.random.default_rng() if rng is None else rng
-    for site in missing:
-        masks[site] = rng.random(shapes[site]) >= dropout_p
-    return masks
-
-
-def _stack_masks(params, dropout_masks):
-    """One ``dropout_masks`` entry per layer (None when none were given)."""
-    check_params(params, "params", ("layers",))
-    layers = params["layers"]
-    if not isinstance(layers, (list, tuple)):
-        raise TypeError(f"layers: expected a list of layer params, got {type(layers).__name__}")
-    if dropout_masks is None:
-        return [None] * len(layers)
-    if not isinstance(dropout_masks, (list, tuple)) or len(dropout_masks) != len(layers):
-        got = (f"{len(dropout_masks)} entries" if isinstance(dropout_masks, (list, tuple))
-               else type(dropout_masks).__name__)
-        raise ValueError(f"dropout_masks: expected a list of {len(layers)} dicts or None "
-                         f"(one per layer), got {got}")
-    return list(dropout_masks)
+    if dropout_p == 0 or not missing:
+        return masks
+    rng = _generator(rng)
+    return {**masks, **{site: rng.random(shapes[site]) >= dropout_p for site in missing}}
 
 
 # --------------------------------------------------------------------------
@@ -284,18 +222,16 @@ def encoder_layer_backward(d_out, x, params, num_heads, *, mask=None, norm_first
       ``{"x": (B, L, D), "params": {"self_attn": {8 keys}, "ffn": {4 keys},
       "norm1": {"gamma", "beta"}, "norm2": {"gamma", "beta"}}}``.
     """
+    masks, _ = rules.encoder_layer(  # SPEC 3.13
+        x, params, num_heads, mask, norm_first, activation, eps, dropout_p, dropout_masks)
+    rules.require_site_masks(masks, dropout_p, "dropout_masks")  # the forward's four keep-masks
+    rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
     return _encoder_layer_backward(d_out, x, params, num_heads, mask, norm_first, activation,
-                                   eps, dropout_p, dropout_masks, "dropout_masks")
+                                   eps, dropout_p, masks)
 
 
 def _encoder_layer_backward(d_out, x, params, num_heads, mask, norm_first, activation, eps,
-                            dropout_p, dropout_masks, name):
-    masks = _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks, None,
-                         name=name, require=True)
-    check_float(d_out, "d_out")
-    if tuple(d_out.shape) != tuple(x.shape):
-        raise ValueError(f"d_out: expected shape {shape_str(x.shape)} (the output's), "
-                         f"got {shape_str(d_out.shape)}")
+                            dropout_p, masks):
     s = _Sublayers(params, num_heads, mask, activation, eps, dropout_p, masks)
     if norm_first:
         # forward: n1 = norm1(x); a = attn(n1); h = x + drop(a); n2 = norm2(h); f = ffn(n2)
@@ -347,24 +283,25 @@ def encoder_backward(d_out, x, params, num_heads, *, mask=None, norm_first=False
     Returns:
       ``{"x": (B, L, D), "params": {"layers": [layer grads, ...], "norm"?: {...}}}``.
     """
-    per_layer = _stack_masks(params, dropout_masks)
+    per_layer = rules.encoder(  # SPEC 3.14
+        x, params, num_heads, mask, norm_first, activation, eps, dropout_p, dropout_masks)
+    for i, masks in enumerate(per_layer):  # the forward's four keep-masks of every layer
+        rules.require_site_masks(masks, dropout_p, f"dropout_masks[{i}]")
+    rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
     kwargs = dict(num_heads=num_heads, mask=mask, norm_first=norm_first, activation=activation,
                   eps=eps, dropout_p=dropout_p)
     # forward again, keeping each layer's input
     inputs = []
-    for i, layer in enumerate(params["layers"]):
-        _layer_masks(x, layer, num_heads, activation, dropout_p, per_layer[i], None,
-                     name=f"dropout_masks[{i}]", require=True)
+    for layer, masks in zip(params["layers"], per_layer):
         inputs.append(x)
-        x = encoder_layer(x, layer, dropout_masks=per_layer[i], **kwargs)  # (B, L, D)
+        x = encoder_layer(x, layer, dropout_masks=masks, **kwargs)  # (B, L, D)
     grads = {"layers": [None] * len(inputs)}
-    d_x = d_out  # (B, L, D)
+    d_x = d_out.copy()  # (B, L, D), never d_out itself
     if "norm" in params:
         g_norm = layer_norm_backward(d_out, x, params["norm"], eps)
         d_x, grads["norm"] = g_norm["x"], g_norm["params"]
     for i in reversed(range(len(inputs))):
         g_layer = _encoder_layer_backward(d_x, inputs[i], params["layers"][i], num_heads, mask,
-                                          norm_first, activation, eps, dropout_p, per_layer[i],
-                                          f"dropout_masks[{i}]")
+                                          norm_first, activation, eps, dropout_p, per_layer[i])
         d_x, grads["layers"][i] = g_layer["x"], g_layer["params"]
     return {"x": d_x, "params": grads}

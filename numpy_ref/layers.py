@@ -13,16 +13,7 @@ import math
 
 import numpy as np
 
-from ._checks import (
-    check_bool,
-    check_choice,
-    check_float,
-    check_params,
-    check_probability,
-    check_same_float_dtype,
-    check_shape,
-    shape_str,
-)
+from ._checks import _generator, float_dtype, rules
 
 __all__ = [
     "linear",
@@ -37,10 +28,6 @@ __all__ = [
     "dropout_backward",
 ]
 
-ACTIVATIONS = ("relu", "gelu")
-LAYER_NORM_KEYS = ("gamma", "beta")
-FEED_FORWARD_KEYS = ("w_1", "b_1", "w_2", "b_2")
-
 
 def linear(x, w, b=None):
     """Affine map on the last axis: ``y = x @ w + b``.
@@ -53,7 +40,7 @@ def linear(x, w, b=None):
     Returns:
       ``(..., D_out)``.
     """
-    _check_linear(x, w, b)
+    rules.linear(x, w, b)  # SPEC 3.10: x (..., D_in), w (D_in, D_out), b (D_out,)
     y = x @ w  # (..., D_out)
     return y if b is None else y + b
 
@@ -70,9 +57,9 @@ def layer_norm(x, params, eps=1e-5):
       eps: positive; keeps a constant row finite (its output is ``beta``).
 
     Returns:
-      ``(..., D)``.
+      ``(..., D)``. float16 statistics are computed in float32, as the mirrors do.
     """
-    _check_layer_norm(x, params, eps)
+    rules.layer_norm(x, params, eps)  # SPEC 3.10: x (..., D), gamma/beta (D,), eps > 0
     x_hat, _ = _normalize(x, eps)
     return params["gamma"] * x_hat + params["beta"]
 
@@ -95,9 +82,9 @@ def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None,
     Returns:
       ``(..., D)``.
     """
-    _check_feed_forward(x, params, activation)
+    rules.feed_forward(x, params, activation, dropout_p, dropout_mask)  # SPEC 3.11, the hidden keep-mask
     hidden = _ACT[activation](linear(x, params["w_1"], params["b_1"]))  # (..., F)
-    hidden = _dropout(hidden, dropout_p, dropout_mask, rng, "dropout_p", "dropout_mask")
+    hidden = _dropout(hidden, dropout_p, dropout_mask, rng)
     return linear(hidden, params["w_2"], params["b_2"])  # (..., D)
 
 
@@ -105,7 +92,8 @@ def dropout(x, p, mask=None, rng=None):
     """Inverted dropout: ``out = x * mask / (1 - p)``.
 
     Kept values are scaled up at training time so that inference is the
-    identity. ``p == 0`` returns ``x`` itself.
+    identity. ``p == 0`` returns ``x`` itself. A dropped entry is exactly 0,
+    even where ``x`` is inf or NaN (selection, not multiplication).
 
     Args:
       x: floating array, any shape.
@@ -116,12 +104,14 @@ def dropout(x, p, mask=None, rng=None):
     Returns:
       array of ``x``'s shape and dtype.
     """
-    check_float(x, "x")
-    return _dropout(x, p, mask, rng, "p", "mask")
+    rules.dropout(x, p, mask)  # SPEC 3.12: float x, p in [0, 1), keep-mask of x's shape
+    return _dropout(x, p, mask, rng)
 
 
 def init_layer_norm(d_model, dtype=np.float64):
     """``{"gamma": ones (D,), "beta": zeros (D,)}``, the identity affine map."""
+    dtype = float_dtype(dtype)
+    (d_model,) = rules.widths(d_model=d_model)  # a positive int
     return {"gamma": np.ones(d_model, dtype), "beta": np.zeros(d_model, dtype)}
 
 
@@ -129,11 +119,14 @@ def init_feed_forward(rng, d_model, d_ff, dtype=np.float64):
     """Feed-forward params as ``nn.Linear`` draws them.
 
     Weights and biases ``~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))``; ``fan_in`` is
-    ``D`` for ``w_1, b_1`` and ``F`` for ``w_2, b_2``.
+    ``D`` for ``w_1, b_1`` and ``F`` for ``w_2, b_2``. ``rng``: a
+    ``numpy.random.Generator``, an int seed or None.
 
     Returns:
       ``{"w_1": (D, F), "b_1": (F,), "w_2": (F, D), "b_2": (D,)}``.
     """
+    rng, dtype = _generator(rng), float_dtype(dtype)
+    d_model, d_ff = rules.widths(d_model=d_model, d_ff=d_ff)  # positive ints
     bound_1, bound_2 = 1 / math.sqrt(d_model), 1 / math.sqrt(d_ff)
     params = {
         "w_1": rng.uniform(-bound_1, bound_1, (d_model, d_ff)),
@@ -149,73 +142,31 @@ def init_feed_forward(rng, d_model, d_ff, dtype=np.float64):
 
 
 def _normalize(x, eps):
-    """``x_hat = (x - mean) / sqrt(var + eps)`` and ``1 / sqrt(var + eps)``."""
-    centered = x - x.mean(axis=-1, keepdims=True)  # (..., D)
+    """``x_hat = (x - mean) / sqrt(var + eps)`` and ``1 / sqrt(var + eps)``.
+
+    float16 statistics run in float32; ``x_hat`` is rounded back once.
+    """
+    x32 = x.astype(np.float32) if x.dtype == np.float16 else x
+    centered = x32 - x32.mean(axis=-1, keepdims=True)  # (..., D)
     inv_std = 1.0 / np.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
-    return centered * inv_std, inv_std
+    return (centered * inv_std).astype(x.dtype, copy=False), inv_std
 
 
-def _dropout(x, p, mask, rng, p_name, mask_name):
-    """Inverted dropout with the caller's argument names in error messages."""
-    check_probability(p, p_name)
-    if mask is not None:
-        _check_mask(mask, mask_name, x.shape)
+def _dropout(x, p, mask, rng):
+    """Inverted dropout ``where(mask, x / (1 - p), 0)``; the caller checked ``p`` and ``mask``."""
     if p == 0:
         return x
     if mask is None:
-        rng = np.random.default_rng() if rng is None else rng
-        mask = rng.random(x.shape) >= p
-    return x * mask * x.dtype.type(1.0 / (1.0 - p))
+        mask = _generator(rng).random(x.shape) >= p
+    return _keep(x, mask, p)
 
 
-def _check_mask(mask, name, shape):
-    check_bool(mask, name)
-    if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {shape_str(shape)}, got {shape_str(mask.shape)}")
-
-
-def _check_linear(x, w, b):
-    check_same_float_dtype({"x": x, "w": w, "b": b})
-    check_shape(w, "w", ("D_in", "D_out"))
-    d_in, d_out = w.shape
-    if x.ndim < 1 or x.shape[-1] != d_in:
-        raise ValueError(f"x: expected shape (..., D_in) with D_in={d_in}, got {shape_str(x.shape)}")
-    if b is not None:
-        check_shape(b, "b", ("D_out",), {"D_out": d_out})
-
-
-def _check_layer_norm(x, params, eps):
-    check_params(params, "params", LAYER_NORM_KEYS)
-    check_same_float_dtype({"x": x, "params.gamma": params["gamma"], "params.beta": params["beta"]})
-    if x.ndim < 1:
-        raise ValueError(f"x: expected shape (..., D), got {shape_str(x.shape)}")
-    d = x.shape[-1]
-    check_shape(params["gamma"], "params.gamma", ("D",), {"D": d})
-    check_shape(params["beta"], "params.beta", ("D",), {"D": d})
-    if not float(eps) > 0:
-        raise ValueError(f"eps: expected a positive number, got {eps}")
-
-
-def _check_feed_forward(x, params, activation):
-    check_choice(activation, "activation", ACTIVATIONS)
-    check_params(params, "params", FEED_FORWARD_KEYS)
-    check_same_float_dtype({"x": x, **{f"params.{k}": params[k] for k in FEED_FORWARD_KEYS}})
-    if x.ndim < 1:
-        raise ValueError(f"x: expected shape (..., D), got {shape_str(x.shape)}")
-    d = x.shape[-1]
-    check_shape(params["w_1"], "params.w_1", ("D", "F"), {"D": d})
-    f = params["w_1"].shape[1]
-    check_shape(params["b_1"], "params.b_1", ("F",), {"F": f})
-    check_shape(params["w_2"], "params.w_2", ("F", "D"), {"F": f, "D": d})
-    check_shape(params["b_2"], "params.b_2", ("D",), {"D": d})
-
-
-def _check_d_out(d_out, shape):
-    check_float(d_out, "d_out")
-    if tuple(d_out.shape) != tuple(shape):
-        raise ValueError(
-            f"d_out: expected shape {shape_str(shape)} (the output's), got {shape_str(d_out.shape)}"
-        )
+def _keep(x, mask, p):
+    """``mask / (1 - p)`` applied by selection: dropped entries are exactly 0 (also
+    its own backward); ``p == 0`` keeps everything."""
+    if p == 0:
+        return x
+    return np.where(mask, x * x.dtype.type(1.0 / (1.0 - p)), x.dtype.type(0))
 
 
 # --------------------------------------------------------------------------
@@ -309,8 +260,8 @@ def linear_backward(d_out, x, w, b=None):
       ``{"x": (..., D_in), "w": (D_in, D_out), "b": (D_out,)}`` (``"b"`` only
       when ``b`` is given).
     """
-    _check_linear(x, w, b)
-    _check_d_out(d_out, x.shape[:-1] + w.shape[1:])
+    rules.linear(x, w, b)  # SPEC 3.10
+    rules.d_out(d_out, x, "x", x.shape[:-1] + w.shape[1:])  # x's dtype, the output's shape
     grads = {
         "x": d_out @ w.T,  # (..., D_in)
         "w": x.reshape(-1, w.shape[0]).T @ d_out.reshape(-1, w.shape[1]),  # (D_in, D_out)
@@ -331,15 +282,16 @@ def layer_norm_backward(d_out, x, params, eps=1e-5):
     Returns:
       ``{"x": (..., D), "params": {"gamma": (D,), "beta": (D,)}}``.
     """
-    _check_layer_norm(x, params, eps)
-    _check_d_out(d_out, x.shape)
+    rules.layer_norm(x, params, eps)  # SPEC 3.10
+    rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
     x_hat, inv_std = _normalize(x, eps)  # (..., D), (..., 1)
-    g = d_out * params["gamma"]  # (..., D)
+    g = _upcast(d_out * params["gamma"])  # (..., D), float32 for float16
+    x_hat32 = _upcast(x_hat)  # (..., D)
     dx = inv_std * (
-        g - g.mean(axis=-1, keepdims=True) - x_hat * (g * x_hat).mean(axis=-1, keepdims=True)
+        g - g.mean(axis=-1, keepdims=True) - x_hat32 * (g * x_hat32).mean(axis=-1, keepdims=True)
     )  # (..., D)
     return {
-        "x": dx,
+        "x": dx.astype(x.dtype, copy=False),
         "params": {"gamma": _sum_leading(d_out * x_hat), "beta": _sum_leading(d_out)},  # (D,)
     }
 
@@ -356,17 +308,15 @@ def feed_forward_backward(d_out, x, params, activation="relu", dropout_p=0.0, dr
     Returns:
       ``{"x": (..., D), "params": {"w_1", "b_1", "w_2", "b_2"}}``.
     """
-    _check_feed_forward(x, params, activation)
-    _check_d_out(d_out, x.shape)
-    hidden_shape = x.shape[:-1] + params["w_1"].shape[1:]  # (..., F)
-    _require_mask(dropout_p, dropout_mask, "dropout_p", "dropout_mask", hidden_shape)
-    keep = _keep_scale(dropout_p, dropout_mask, x.dtype)  # (..., F) or 1
+    rules.feed_forward(x, params, activation, dropout_p, dropout_mask)  # SPEC 3.11
+    rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
+    rules.require_mask(dropout_p, dropout_mask, "dropout_p", "dropout_mask")  # the forward's keep-mask
     # forward again
     pre = linear(x, params["w_1"], params["b_1"])  # (..., F)
-    dropped = _ACT[activation](pre) * keep  # (..., F)
+    dropped = _keep(_ACT[activation](pre), dropout_mask, dropout_p)  # (..., F)
     # 3) output projection, 2) dropout, 1) activation and input projection
     g_2 = linear_backward(d_out, dropped, params["w_2"], params["b_2"])
-    d_pre = g_2["x"] * keep * _ACT_GRAD[activation](pre)  # (..., F)
+    d_pre = _keep(g_2["x"], dropout_mask, dropout_p) * _ACT_GRAD[activation](pre)  # (..., F)
     g_1 = linear_backward(d_pre, x, params["w_1"], params["b_1"])
     return {
         "x": g_1["x"],
@@ -382,26 +332,12 @@ def dropout_backward(d_out, x, p, mask=None, rng=None):
     Returns:
       ``{"x": x.shape}``.
     """
-    check_float(x, "x")
-    _check_d_out(d_out, x.shape)
-    _require_mask(p, mask, "p", "mask", x.shape)
-    return {"x": d_out * _keep_scale(p, mask, x.dtype)}
+    rules.dropout(x, p, mask)  # SPEC 3.12
+    rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
+    rules.require_mask(p, mask, "p", "mask")  # the forward's keep-mask
+    return {"x": np.array(_keep(d_out, mask, p))}  # a fresh array, never d_out itself
 
 
-def _keep_scale(p, mask, dtype):
-    """``mask / (1 - p)``, the factor dropout multiplies by (1 when ``p == 0``)."""
-    if p == 0:
-        return dtype.type(1.0)
-    return mask * dtype.type(1.0 / (1.0 - p))
-
-
-def _require_mask(p, mask, p_name, mask_name, shape):
-    """A backward pass cannot redraw the forward's mask: ``p > 0`` needs it given."""
-    check_probability(p, p_name)
-    if mask is not None:
-        _check_mask(mask, mask_name, shape)
-    elif p > 0:
-        raise ValueError(
-            f"{mask_name}: a backward pass with dropout needs the keep-mask the forward ran with, "
-            f"got None"
-        )
+def _upcast(x):
+    """float16 -> float32 (layer-norm statistics); others unchanged."""
+    return x.astype(np.float32) if x.dtype == np.float16 else x

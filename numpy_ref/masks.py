@@ -9,26 +9,11 @@ Shape letters: ``B`` batch, ``H`` heads, ``Lq`` query length, ``Lk`` key length.
 """
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
-from ._checks import check_bool, check_int, check_rank, shape_str
+from ._checks import float_dtype, rules
 
 __all__ = ["padding_mask", "causal_mask", "combine_masks", "mask_to_bias"]
-
-
-def _length(n, name: str) -> int:
-    """A non-negative Python int from an int-like ``n`` (TypeError for floats, bools)."""
-    if isinstance(n, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected an integer, got {type(n).__name__}")
-    try:
-        value = operator.index(n)
-    except TypeError:
-        raise TypeError(f"{name}: expected an integer, got {type(n).__name__}") from None
-    if value < 0:
-        raise ValueError(f"{name}: expected a non-negative integer, got {value}")
-    return value
 
 
 def padding_mask(lengths=None, max_len=None, *, tokens=None, pad_id=0):
@@ -45,29 +30,11 @@ def padding_mask(lengths=None, max_len=None, *, tokens=None, pad_id=0):
     Returns:
       bool ``(B, 1, 1, Lk)``, ready to broadcast over heads and queries.
     """
-    if (lengths is None) == (tokens is None):
-        got = "both" if lengths is not None else "neither"
-        raise ValueError(f"lengths: expected exactly one of lengths or tokens, got {got}")
+    lengths, max_len, tokens, pad_id = rules.padding_mask(  # SPEC 3.2: one of the two; lengths in [0, max_len]
+        lengths, max_len, tokens, pad_id)
     if tokens is not None:
-        if max_len is not None:
-            raise ValueError("max_len: only used with lengths; tokens already fix Lk")
-        tokens = np.asarray(tokens)
-        check_int(tokens, "tokens")
-        check_rank(tokens, "tokens", ("B", "Lk"))
-        return (tokens != pad_id)[:, None, None, :]  # (B, 1, 1, Lk)
-
-    lengths = np.asarray(lengths)
-    check_int(lengths, "lengths")
-    check_rank(lengths, "lengths", ("B",))
-    if max_len is None:
-        max_len = int(lengths.max()) if lengths.size else 0
-    max_len = _length(max_len, "max_len")
-    if lengths.size and (lengths.min() < 0 or lengths.max() > max_len):
-        raise ValueError(
-            f"lengths: expected values in [0, max_len] with max_len={max_len}, "
-            f"got {lengths.tolist()}"
-        )
-    keep = np.arange(max_len) < lengths[:, None]  # (B, Lk)
+        return (np.asarray(tokens) != pad_id)[:, None, None, :]  # (B, 1, 1, Lk)
+    keep = np.arange(max_len) < np.asarray(lengths)[:, None]  # (B, Lk)
     return keep[:, None, None, :]  # (B, 1, 1, Lk)
 
 
@@ -85,8 +52,7 @@ def causal_mask(Lq, Lk=None):
     Returns:
       bool ``(Lq, Lk)``.
     """
-    Lq = _length(Lq, "Lq")
-    Lk = Lq if Lk is None else _length(Lk, "Lk")
+    Lq, Lk = rules.causal_mask(Lq, Lk)  # SPEC 3.2: non-negative ints
     return np.arange(Lk)[None, :] <= np.arange(Lq)[:, None]  # (Lq, Lk)
 
 
@@ -102,23 +68,10 @@ def combine_masks(*masks):
     Returns:
       bool array of the broadcast shape, or None when every mask is None.
     """
-    combined, shape = None, None
-    for i, m in enumerate(masks):
-        if m is None:
-            continue
+    combined = None
+    for m in rules.combine_masks(masks):  # SPEC 3.2: bool, broadcastable with one another
         m = np.asarray(m)
-        check_bool(m, f"masks[{i}]")
-        if combined is None:
-            combined, shape = m, m.shape
-            continue
-        try:
-            shape = np.broadcast_shapes(shape, m.shape)
-        except ValueError:
-            raise ValueError(
-                f"masks[{i}]: expected a shape broadcastable with {shape_str(shape)} "
-                f"(the masks before it), got {shape_str(m.shape)}"
-            ) from None
-        combined = combined & m
+        combined = m.copy() if combined is None else combined & m
     return combined
 
 
@@ -136,9 +89,6 @@ def mask_to_bias(mask, dtype=np.float64):
     Returns:
       ``dtype`` array of ``mask``'s shape.
     """
-    mask = np.asarray(mask)
-    check_bool(mask, "mask")
-    dtype = np.dtype(dtype)
-    if dtype.kind != "f":
-        raise TypeError(f"dtype: expected a floating-point dtype, got {dtype}")
+    mask = np.asarray(rules.mask_to_bias(mask))  # SPEC 3.2: a bool mask
+    dtype = float_dtype(dtype)
     return np.where(mask, dtype.type(0.0), dtype.type(-np.inf)).astype(dtype)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import check_float, check_rank, check_same_float_dtype, check_shape
-from .masks import _length
+from ._checks import _generator, float_dtype, rules
 
 __all__ = [
     "sinusoidal_encoding",
@@ -19,13 +18,6 @@ __all__ = [
     "init_learned_positional_embedding",
     "add_positional_encoding_backward",
 ]
-
-
-def _float_dtype(dtype):
-    dtype = np.dtype(dtype)
-    if dtype.kind != "f":
-        raise TypeError(f"dtype: expected a floating-point dtype, got {dtype}")
-    return dtype
 
 
 def sinusoidal_encoding(max_len, d_model, dtype=np.float64):
@@ -43,9 +35,8 @@ def sinusoidal_encoding(max_len, d_model, dtype=np.float64):
     Returns:
       ``(max_len, D)``.
     """
-    max_len = _length(max_len, "max_len")
-    d_model = _length(d_model, "d_model")
-    dtype = _float_dtype(dtype)
+    max_len, d_model = rules.sinusoidal(max_len, d_model)  # SPEC 3.9: max_len >= 0, D >= 1
+    dtype = float_dtype(dtype)
     pos = np.arange(max_len, dtype=np.float64)[:, None]  # (max_len, 1)
     two_i = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(D/2),)
     angle = pos / 10000.0 ** (two_i / d_model)  # (max_len, ceil(D/2))
@@ -67,7 +58,7 @@ def add_positional_encoding(x, table):
     Returns:
       ``(B, L, D)``.
     """
-    _check_add(x, table)
+    rules.add_positional(x, table)  # SPEC 3.9: x (B, L, D), table (max_len, D), L <= max_len
     return x + table[: x.shape[1]]  # (B, L, D)
 
 
@@ -75,28 +66,16 @@ def init_learned_positional_embedding(rng, max_len, d_model, dtype=np.float64):
     """A learned positional table, ``table ~ N(0, 0.02^2)`` (GPT-2's init).
 
     Args:
-      rng: ``numpy.random.Generator``.
+      rng: ``numpy.random.Generator``, an int seed or None.
       max_len: number of positions.
       d_model: ``D``.
 
     Returns:
       ``{"table": (max_len, D)}``.
     """
-    max_len = _length(max_len, "max_len")
-    d_model = _length(d_model, "d_model")
-    dtype = _float_dtype(dtype)
+    max_len, d_model = rules.sinusoidal(max_len, d_model)  # max_len >= 0, D >= 1
+    rng, dtype = _generator(rng), float_dtype(dtype)
     return {"table": (0.02 * rng.standard_normal((max_len, d_model))).astype(dtype)}
-
-
-def _check_add(x, table):
-    check_same_float_dtype({"x": x, "table": table})
-    check_rank(x, "x", ("B", "L", "D"))
-    check_shape(table, "table", ("max_len", "D"), {"D": x.shape[2]})
-    if x.shape[1] > table.shape[0]:
-        raise ValueError(
-            f"x: expected length L <= max_len={table.shape[0]} of table, got L={x.shape[1]} "
-            f"(x {tuple(x.shape)}, table {tuple(table.shape)})"
-        )
 
 
 # --------------------------------------------------------------------------
@@ -115,9 +94,8 @@ def add_positional_encoding_backward(d_out, x, table):
     Returns:
       ``{"x": (B, L, D), "table": (max_len, D)}``.
     """
-    _check_add(x, table)
-    check_float(d_out, "d_out")
-    check_shape(d_out, "d_out", ("B", "L", "D"), dict(zip("B L D".split(), x.shape)))
+    rules.add_positional(x, table)  # SPEC 3.9
+    rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
     d_table = np.zeros_like(table)  # (max_len, D)
     d_table[: x.shape[1]] = d_out.sum(axis=0)  # (L, D)
-    return {"x": d_out, "table": d_table}
+    return {"x": d_out.copy(), "table": d_table}  # dx = d_out, a new array

@@ -1,36 +1,21 @@
-"""Input validation for torch_impl: ``numpy_ref._checks``'s core bound to a
-torch dtype ``kind``, plus a device check.
+"""Input validation for torch_impl: the contract of
+``numpy_ref/_contract/checks.py`` bound to torch tensors, with a device hook.
 
-Reads as ``numpy_ref/_checks.py`` and ``jax_impl/_checks.py`` do: define
-``kind``, bind the shared core to it. Dtypes print as numpy prints them
-(``float32``, not ``torch.float32``), so the same bad call raises the same
-exception type **and message** in numpy_ref, torch_impl and jax_impl.
+Reads as ``numpy_ref/_checks.py`` and ``jax_impl/_checks.py`` do: define what
+an array is and its dtype ``kind``, then build ``rules`` from them. Dtypes
+print as numpy prints them (``float32``, not ``torch.float32``), so the same
+bad call raises the same exception type **and message** in numpy_ref,
+torch_impl and jax_impl. A numpy array where a tensor goes is a TypeError
+that names both kinds; arrays of one call must share a device.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from numpy_ref import _checks as _core
+from numpy_ref import _checks as _numpy
+from numpy_ref._contract.checks import Rules, rng_error, shape_str  # noqa: F401  (shape_str: interop)
 
-__all__ = [
-    "kind",
-    "shape_str",
-    "check_float",
-    "check_bool",
-    "check_int",
-    "check_rank",
-    "check_shape",
-    "check_broadcastable",
-    "check_same_float_dtype",
-    "check_probability",
-    "check_scale",
-    "check_divisible",
-    "check_choice",
-    "check_params",
-    "HALF_DTYPES",
-]
+__all__ = ["kind", "rules", "float_dtype", "HALF_DTYPES"]
 
 #: dtypes whose scores, softmax and layer-norm statistics run in float32.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -45,7 +30,7 @@ def kind(x) -> str:
     """Dtype kind of a tensor: "float" (incl. float16/bfloat16), "bool",
     "int" or "other" (complex, quantized). Non-tensors use numpy's rules."""
     if not isinstance(x, torch.Tensor):
-        return _core.kind(x)
+        return _numpy.kind(x)
     if x.dtype.is_floating_point:
         return "float"
     if x.dtype == torch.bool:
@@ -55,30 +40,28 @@ def kind(x) -> str:
     return "other"
 
 
-# --- torch_impl's bindings of the shared core (as numpy_ref/_checks.py)
-shape_str = _core._shape_str
-check_float = functools.partial(_core._check_float, kind=kind)
-check_bool = functools.partial(_core._check_bool, kind=kind)
-check_int = functools.partial(_core._check_int, kind=kind)
-check_same_float_dtype = functools.partial(_core._check_same_float_dtype, kind=kind)
-check_rank = _core._check_rank
-check_shape = _core._check_shape
-check_broadcastable = _core._check_broadcastable
-check_probability = _core._check_probability
-check_scale = _core._check_scale
-check_divisible = _core._check_divisible
-check_choice = _core._check_choice
-check_params = _core._check_params
+rules = Rules(kind, lambda x: isinstance(x, torch.Tensor), "torch.Tensor",
+              device=lambda x: x.device)
 
 
-def _check_same_device(x, name: str, ref, ref_name: str) -> None:
-    """ValueError unless tensor ``x`` lives on the device of ``ref``.
+def float_dtype(dtype):
+    """``None`` -> ``torch.get_default_dtype()``; a non-floating dtype is a TypeError."""
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    rules.float_dtype(isinstance(dtype, torch.dtype) and dtype.is_floating_point, dtype)
+    return dtype
 
-    torch would fail later with a message naming neither argument; this names
-    the argument and both devices.
-    """
-    if x is not None and x.device != ref.device:
-        raise ValueError(
-            f"{name}: expected a tensor on device {ref.device} (the device of {ref_name}), "
-            f"got device {x.device}"
-        )
+
+def _generator(rng):
+    """The ``rng`` argument: a ``torch.Generator``, an int seed (a fresh CPU
+    generator), or None (torch's global RNG)."""
+    if rng is None or isinstance(rng, torch.Generator):
+        return rng
+    if isinstance(rng, int) and not isinstance(rng, bool):
+        return torch.Generator().manual_seed(rng)
+    raise rng_error(rng, "a torch.Generator, an int seed or None")
+
+
+# the rules by their former names (interop.py and the tests read these)
+check_bool, check_params, check_rank, check_shape, check_same_float_dtype = (
+    rules.bool_, rules.params, rules.rank, rules.shape, rules.same_float_dtype)
+_check_same_device = rules.same_device

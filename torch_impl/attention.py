@@ -36,27 +36,15 @@ Two paths compute ``scaled_dot_product_attention`` / ``multi_head_attention``:
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import (
-    HALF_DTYPES,
-    check_bool,
-    check_broadcastable,
-    check_divisible,
-    check_params,
-    check_probability,
-    check_scale,
-    check_rank,
-    _check_same_device,
-    check_same_float_dtype,
-    check_shape,
-    shape_str,
-)
-from .layers import _CanonicalModule, _float_dtype, _generator, _tensors, _uniform
+from numpy_ref._contract.checks import ADDITIVE_KEYS, MHA_KEYS
+
+from ._checks import HALF_DTYPES, _generator, float_dtype, rules
+from .layers import _CanonicalModule, _tensors, _uniform
 
 __all__ = [
     "softmax",
@@ -68,9 +56,6 @@ __all__ = [
     "MultiHeadAttention",
     "AdditiveAttention",
 ]
-
-_MHA_KEYS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
-_ADDITIVE_KEYS = ("w_1", "w_2", "v")
 
 
 # --------------------------------------------------------------------------
@@ -89,13 +74,13 @@ def softmax(x, axis=-1, mask=None):
 
     Args:
       x: float tensor of any shape.
-      axis: the axis to normalise over.
+      axis: the axis to normalise over, an int in ``[-x.ndim, x.ndim)``.
       mask: optional bool tensor broadcastable to ``x.shape`` (True = keep).
 
     Returns:
       ``p``, same shape and dtype as ``x``; rows sum to 1 or to 0.
     """
-    _check_softmax(x, mask)
+    rules.softmax(x, axis, mask)  # SPEC 3.5: float x, int axis in range, bool mask
     return _masked_softmax(x, mask, axis)
 
 
@@ -107,6 +92,8 @@ def _masked_softmax(x, mask, axis):
     # and gradient 0, and subtracts the row max.
     if mask is not None:
         x = x.masked_fill(~mask, -math.inf)
+    if x.shape[axis] == 0:  # Lk = 0: no row has a max; the softmax is empty
+        return torch.softmax(x, dim=axis).to(dtype)
     # Only a row without any valid entry differs from ``torch.softmax`` (which
     # would give -inf - (-inf) = NaN there, and NaN gradients): such a row is
     # set to 0 before (a finite softmax, so its backward stays finite) and
@@ -162,7 +149,7 @@ def scaled_dot_product_attention(
       ``(out (*batch, Lq, Dv), weights (*batch, Lq, Lk))``; ``weights`` is
       the softmax *before* dropout; a fully masked row gives 0 in both.
     """
-    _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask)
+    rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask)  # SPEC 3.6, and one device
     return _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weights)
 
 
@@ -190,7 +177,8 @@ def _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weigh
 
 def _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng):
     """``F.scaled_dot_product_attention`` with the spec's semantics; ``out`` only."""
-    if float(dropout_p) > 0 and (dropout_mask is not None or rng is not None):
+    # a keep-mask or generator the kernel cannot honour, or no key at all (Lk = 0)
+    if (float(dropout_p) > 0 and (dropout_mask is not None or rng is not None)) or k.shape[-2] == 0:
         return _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, True)[0]
     valid = mask
     if bias is not None:
@@ -233,7 +221,7 @@ def additive_attention(query, keys, params, mask=None):
     Returns:
       ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
     """
-    mask = _check_additive(query, keys, params, mask)
+    mask = rules.additive(query, keys, params, mask)  # SPEC 3.7; a (B, 1, 1, Lk) mask loses its head axis
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
     e = t @ params["v"]  # (B, Lq, Lk)
     weights = _masked_softmax(e, mask, -1)  # (B, Lq, Lk)
@@ -277,7 +265,7 @@ def multi_head_attention(
       A fully masked query row has weights 0 and a zero concat row, so its
       ``out`` row is ``b_o``.
     """
-    _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)
+    rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)  # SPEC 3.8
     qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, L, Dh)
     # 3) attend
     heads, weights = _attend(
@@ -321,12 +309,13 @@ def init_multi_head_attention(rng, d_model, dtype=None, device=None):
     ``rng``: a ``torch.Generator`` (CPU), an int seed, or None (global RNG);
     drawn in float64 on the CPU, then cast to ``dtype`` and moved to ``device``.
     """
-    rng = _generator(rng)
+    rng, dtype = _generator(rng), float_dtype(dtype)
+    (d_model,) = rules.widths(d_model=d_model)  # a positive int
     params = {}
     for name in ("q", "k", "v", "o"):
         params[f"w_{name}"] = _xavier_uniform(rng, d_model, d_model)
         params[f"b_{name}"] = torch.zeros(d_model, dtype=torch.float64)
-    return {k: x.to(dtype=_float_dtype(dtype), device=device) for k, x in params.items()}
+    return {k: x.to(dtype=dtype, device=device) for k, x in params.items()}
 
 
 def init_additive_attention(rng, d_query, d_key, d_attn, dtype=None, device=None):
@@ -336,14 +325,15 @@ def init_additive_attention(rng, d_query, d_key, d_attn, dtype=None, device=None
     ``v (A,) ~ U(-1/sqrt(A), 1/sqrt(A))``.
     ``rng``: a ``torch.Generator`` (CPU), an int seed, or None (global RNG).
     """
-    rng = _generator(rng)
+    rng, dtype = _generator(rng), float_dtype(dtype)
+    d_query, d_key, d_attn = rules.widths(d_query=d_query, d_key=d_key, d_attn=d_attn)  # positive ints
     bound = 1.0 / math.sqrt(d_attn)
     params = {
         "w_1": _xavier_uniform(rng, d_key, d_attn),
         "w_2": _xavier_uniform(rng, d_query, d_attn),
         "v": _uniform(rng, -bound, bound, (d_attn,)),
     }
-    return {k: x.to(dtype=_float_dtype(dtype), device=device) for k, x in params.items()}
+    return {k: x.to(dtype=dtype, device=device) for k, x in params.items()}
 
 
 def _xavier_uniform(rng, fan_in, fan_out):
@@ -357,7 +347,6 @@ def _xavier_uniform(rng, fan_in, fan_out):
 
 
 def _scale(q, scale):
-    check_scale(scale)
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
@@ -371,108 +360,12 @@ def _keep_mask(dropout_p, dropout_mask, rng, weights):
 
 
 def _dropout(x, keep, dropout_p):
-    """Inverted dropout ``x * keep / (1 - p)``."""
-    return x if keep is None else x * keep / (1.0 - float(dropout_p))
+    """Inverted dropout ``x * keep / (1 - p)``, by selection: a dropped entry is exactly 0."""
+    return x if keep is None else torch.where(keep, x / (1.0 - float(dropout_p)), 0.0)
 
 
 def _upcast(x):
     return x.float() if x.dtype in HALF_DTYPES else x
-
-
-# --------------------------------------------------------------------------
-# validation (the shared rules of numpy_ref/_checks.py, plus numpy_ref's
-# private ones, with the same messages, and a device check)
-# --------------------------------------------------------------------------
-
-
-def _axis_letters(ndim):
-    return tuple(f"N{i}" for i in range(ndim))
-
-
-def _batch_letters(ndim):
-    return ("B", "H")[: ndim - 2]
-
-
-def _check_softmax(x, mask):
-    check_same_float_dtype({"x": x})
-    if mask is not None:
-        check_bool(mask, "mask")
-        check_broadcastable(mask, "mask", x.shape, _axis_letters(x.ndim))
-        _check_same_device(mask, "mask", x, "x")
-
-
-def _check_sdpa(q, k, v, mask, bias, dropout_p, dropout_mask):
-    check_same_float_dtype({"q": q, "k": k, "v": v, "bias": bias})
-    if q.ndim not in (3, 4):  # private rule: two admissible ranks
-        raise ValueError(
-            f"q: expected shape (B, Lq, Dk) or (B, H, Lq, Dk), got {shape_str(q.shape)}"
-        )
-    batch = _batch_letters(q.ndim)
-    sizes = dict(zip(batch, q.shape[:-2]))
-    check_shape(k, "k", (*batch, "Lk", "Dk"), {**sizes, "Dk": q.shape[-1]})
-    check_shape(v, "v", (*batch, "Lk", "Dv"), {**sizes, "Lk": k.shape[-2]})
-    target = (*q.shape[:-1], k.shape[-2])
-    _check_extras(mask, bias, dropout_p, dropout_mask, target, (*batch, "Lq", "Lk"))
-    for name, x in (("k", k), ("v", v), ("mask", mask), ("bias", bias), ("dropout_mask", dropout_mask)):
-        _check_same_device(x, name, q, "q")
-
-
-def _check_additive(query, keys, params, mask):
-    """Validate; return the mask with a size-1 head axis dropped."""
-    check_params(params, "params", _ADDITIVE_KEYS)
-    named = {f"params.{n}": params[n] for n in _ADDITIVE_KEYS}
-    check_same_float_dtype({"query": query, "keys": keys, **named})
-    check_rank(query, "query", ("B", "Lq", "Dq"))
-    (B, Lq, Dq) = query.shape
-    check_shape(keys, "keys", ("B", "Lk", "Dk"), {"B": B})
-    Lk, Dk = keys.shape[1:]
-    check_shape(params["w_1"], "params.w_1", ("Dk", "A"), {"Dk": Dk})
-    A = params["w_1"].shape[1]
-    check_shape(params["w_2"], "params.w_2", ("Dq", "A"), {"Dq": Dq, "A": A})
-    check_shape(params["v"], "params.v", ("A",), {"A": A})
-    for name, x in (("keys", keys), *named.items(), ("mask", mask)):
-        _check_same_device(x, name, query, "query")
-    if mask is None:
-        return None
-    check_bool(mask, "mask")
-    if mask.ndim == 4:
-        check_broadcastable(mask, "mask", (B, 1, Lq, Lk), ("B", "H", "Lq", "Lk"))
-        mask = mask[:, 0]
-    check_broadcastable(mask, "mask", (B, Lq, Lk), ("B", "Lq", "Lk"))
-    return mask
-
-
-def _check_mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask):
-    check_params(params, "params", _MHA_KEYS)
-    named = {f"params.{n}": params[n] for n in _MHA_KEYS}
-    check_same_float_dtype({"query": query, "key": key, "value": value, **named, "bias": bias})
-    check_rank(query, "query", ("B", "Lq", "D"))
-    B, Lq, D = query.shape
-    if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral):
-        raise TypeError(f"num_heads: expected a positive int, got {num_heads!r}")  # private rule
-    check_divisible(D, num_heads)
-    check_shape(key, "key", ("B", "Lk", "D"), {"B": B, "D": D})
-    check_shape(value, "value", ("B", "Lk", "D"), {"B": B, "Lk": key.shape[1], "D": D})
-    for name, x in named.items():
-        check_shape(x, name, ("D", "D") if name.startswith("params.w") else ("D",), {"D": D})
-    target = (B, int(num_heads), Lq, key.shape[1])
-    _check_extras(mask, bias, dropout_p, dropout_mask, target, ("B", "H", "Lq", "Lk"))
-    others = (("key", key), ("value", value), *named.items(), ("mask", mask), ("bias", bias),
-              ("dropout_mask", dropout_mask))
-    for name, x in others:
-        _check_same_device(x, name, query, "query")
-
-
-def _check_extras(mask, bias, dropout_p, dropout_mask, target, letters):
-    if mask is not None:
-        check_bool(mask, "mask")
-        check_broadcastable(mask, "mask", target, letters)
-    if bias is not None:
-        check_broadcastable(bias, "bias", target, letters)
-    check_probability(dropout_p)
-    if dropout_mask is not None:
-        check_bool(dropout_mask, "dropout_mask")
-        check_shape(dropout_mask, "dropout_mask", letters, dict(zip(letters, target)))
 
 
 # --------------------------------------------------------------------------
@@ -497,11 +390,12 @@ class MultiHeadAttention(_CanonicalModule):
 
     def __init__(self, d_model, num_heads, dropout=0.0, *, dtype=None, device=None):
         super().__init__()
-        check_divisible(d_model, num_heads)
-        check_probability(dropout, "dropout")
+        (d_model,) = rules.widths(d_model=d_model)
+        rules.heads(num_heads, d_model)
+        rules.probability(dropout, "dropout")
         self.d_model, self.num_heads, self.dropout = d_model, num_heads, float(dropout)
-        dtype = _float_dtype(dtype)
-        for name in _MHA_KEYS:
+        dtype = float_dtype(dtype)
+        for name in MHA_KEYS:
             shape = (d_model, d_model) if name.startswith("w") else (d_model,)
             setattr(self, name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device)))
         self.reset_parameters()
@@ -523,7 +417,7 @@ class MultiHeadAttention(_CanonicalModule):
         )
 
     def params(self):
-        return {k: getattr(self, k) for k in _MHA_KEYS}
+        return {k: getattr(self, k) for k in MHA_KEYS}
 
     @classmethod
     def from_params(cls, params, num_heads, dropout=0.0):
@@ -548,8 +442,8 @@ class AdditiveAttention(_CanonicalModule):
 
     def __init__(self, d_query, d_key, d_attn, *, dtype=None, device=None):
         super().__init__()
-        self.d_query, self.d_key, self.d_attn = d_query, d_key, d_attn
-        dtype = _float_dtype(dtype)
+        self.d_query, self.d_key, self.d_attn = rules.widths(d_query=d_query, d_key=d_key, d_attn=d_attn)
+        dtype = float_dtype(dtype)
         for name, shape in (("w_1", (d_key, d_attn)), ("w_2", (d_query, d_attn)), ("v", (d_attn,))):
             setattr(self, name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device)))
         self.reset_parameters()
@@ -563,7 +457,7 @@ class AdditiveAttention(_CanonicalModule):
         return additive_attention(query, keys, self.params(), mask)
 
     def params(self):
-        return {k: getattr(self, k) for k in _ADDITIVE_KEYS}
+        return {k: getattr(self, k) for k in ADDITIVE_KEYS}
 
     @classmethod
     def from_params(cls, params):

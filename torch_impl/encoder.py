@@ -25,29 +25,16 @@ Shape letters: ``B`` batch, ``H`` heads, ``L`` length, ``D`` model width,
 """
 from __future__ import annotations
 
-import numbers
-
 from torch import nn
 
-from ._checks import (
-    check_bool,
-    check_choice,
-    check_divisible,
-    check_float,
-    check_params,
-    check_probability,
-    check_rank,
-    _check_same_device,
-    shape_str,
-)
+from numpy_ref._contract.checks import ACTIVATIONS, DROPOUT_SITES, LAYER_KEYS  # noqa: F401
+
+from ._checks import _generator, rules
 from .attention import MultiHeadAttention, init_multi_head_attention, multi_head_attention
 from .layers import (
-    ACTIVATIONS,
-    FEED_FORWARD_KEYS,
     FeedForward,
     LayerNorm,
     _CanonicalModule,
-    _generator,
     _tensors,
     dropout,
     feed_forward,
@@ -64,9 +51,6 @@ __all__ = [
     "TransformerEncoderLayer",
     "TransformerEncoder",
 ]
-
-LAYER_KEYS = ("self_attn", "ffn", "norm1", "norm2")
-DROPOUT_SITES = ("attention", "ffn", "residual_attn", "residual_ffn")
 
 
 def encoder_layer(x, params, num_heads, *, mask=None, norm_first=False, activation="relu",
@@ -100,7 +84,8 @@ def encoder_layer(x, params, num_heads, *, mask=None, norm_first=False, activati
     Returns:
       ``(B, L, D)``.
     """
-    masks = _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks)
+    masks, _ = rules.encoder_layer(  # SPEC 3.13: x, every sublayer's params, the config, keep-masks
+        x, params, num_heads, mask, norm_first, activation, eps, dropout_p, dropout_masks)
     s = _Sublayers(params, num_heads, mask, activation, eps, dropout_p, masks,
                    _generator(rng), need_weights)
     if norm_first:
@@ -126,15 +111,16 @@ def encoder(x, params, num_heads, *, mask=None, norm_first=False, activation="re
         need_weights: as for :func:`encoder_layer`, shared by every layer.
 
     Returns:
-      ``(B, L, D)``.
+      ``(B, L, D)``, a new tensor even for zero layers and no final norm.
     """
-    per_layer = _stack_masks(params, dropout_masks)
+    per_layer = rules.encoder(  # SPEC 3.14: the config even for zero layers, params.layers.<i>, the norm
+        x, params, num_heads, mask, norm_first, activation, eps, dropout_p, dropout_masks)
     rng = _generator(rng)
     for layer, masks in zip(params["layers"], per_layer):
         x = encoder_layer(x, layer, num_heads, mask=mask, norm_first=norm_first,
                           activation=activation, eps=eps, dropout_p=dropout_p,
                           dropout_masks=masks, rng=rng, need_weights=need_weights)
-    return layer_norm(x, params["norm"], eps) if "norm" in params else x
+    return layer_norm(x, params["norm"], eps) if "norm" in params else x.clone()
 
 
 def init_encoder_layer(rng, d_model, d_ff, dtype=None, device=None):
@@ -151,6 +137,7 @@ def init_encoder_layer(rng, d_model, d_ff, dtype=None, device=None):
 def init_encoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=None, device=None):
     """``{"layers": [num_layers layer params], "norm"?: layer-norm params}``."""
     rng = _generator(rng)
+    rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
     params = {"layers": [init_encoder_layer(rng, d_model, d_ff, dtype, device)
                          for _ in range(num_layers)]}
     if final_norm:
@@ -198,65 +185,6 @@ class _Sublayers:
 
 
 # --------------------------------------------------------------------------
-# validation and dropout masks
-
-
-def _layer_masks(x, params, num_heads, activation, dropout_p, dropout_masks,
-                 name="dropout_masks"):
-    """Validate one layer's call; return a keep-mask (or None) for every site.
-
-    Given masks are checked (bool, exact shape, ``x``'s device); missing ones
-    stay None and the sublayer draws them (numpy_ref draws them here).
-    """
-    check_float(x, "x")
-    check_rank(x, "x", ("B", "L", "D"))
-    check_params(params, "params", LAYER_KEYS)
-    check_params(params["ffn"], "params.ffn", FEED_FORWARD_KEYS)
-    if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral):
-        raise TypeError(f"num_heads: expected a positive int, got {num_heads!r}")
-    check_divisible(x.shape[2], num_heads)
-    check_choice(activation, "activation", ACTIVATIONS)
-    check_probability(dropout_p, "dropout_p")
-    (B, L, D), H, F = x.shape, num_heads, params["ffn"]["w_1"].shape[-1]
-    shapes = {"attention": (B, H, L, L), "ffn": (B, L, F),
-              "residual_attn": (B, L, D), "residual_ffn": (B, L, D)}
-    if dropout_masks is None:
-        dropout_masks = {}
-    if not isinstance(dropout_masks, dict):
-        raise TypeError(f"{name}: expected a dict keyed by {list(DROPOUT_SITES)} or None, "
-                        f"got {type(dropout_masks).__name__}")
-    unknown = sorted(set(dropout_masks) - set(DROPOUT_SITES))
-    if unknown:
-        raise ValueError(f"{name}: unknown dropout site(s) {unknown}; "
-                         f"expected keys among {list(DROPOUT_SITES)}")
-    masks = {site: dropout_masks.get(site) for site in DROPOUT_SITES}
-    for site, m in masks.items():
-        if m is not None:
-            check_bool(m, f'{name}["{site}"]')
-            if tuple(m.shape) != shapes[site]:
-                raise ValueError(f'{name}["{site}"]: expected shape {shape_str(shapes[site])}, '
-                                 f"got {shape_str(m.shape)}")
-            _check_same_device(m, f'{name}["{site}"]', x, "x")
-    return masks
-
-
-def _stack_masks(params, dropout_masks):
-    """One ``dropout_masks`` entry per layer (None when none were given)."""
-    check_params(params, "params", ("layers",))
-    layers = params["layers"]
-    if not isinstance(layers, (list, tuple)):
-        raise TypeError(f"layers: expected a list of layer params, got {type(layers).__name__}")
-    if dropout_masks is None:
-        return [None] * len(layers)
-    if not isinstance(dropout_masks, (list, tuple)) or len(dropout_masks) != len(layers):
-        got = (f"{len(dropout_masks)} entries" if isinstance(dropout_masks, (list, tuple))
-               else type(dropout_masks).__name__)
-        raise ValueError(f"dropout_masks: expected a list of {len(layers)} dicts or None "
-                         f"(one per layer), got {got}")
-    return list(dropout_masks)
-
-
-# --------------------------------------------------------------------------
 # modules
 
 
@@ -279,8 +207,8 @@ class TransformerEncoderLayer(_CanonicalModule):
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, activation="relu",
                  norm_first=False, eps=1e-5, *, dtype=None, device=None):
         super().__init__()
-        check_choice(activation, "activation", ACTIVATIONS)
-        check_probability(dropout, "dropout")
+        rules.choice(activation, "activation", ACTIVATIONS)
+        rules.probability(dropout, "dropout")
         self.num_heads, self.dropout, self.activation = num_heads, float(dropout), activation
         self.norm_first, self.eps = norm_first, eps
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, dtype=dtype, device=device)

@@ -7,8 +7,8 @@ them as their own ``nn.Parameter``s under the same names (no ``nn.Linear``,
 so no transposes hide in the mirror).
 
 This file also holds the small pieces every torch_impl module shares: the
-canonical ``params()`` / ``load_params()`` / ``from_params()`` plumbing, the
-dtype default and the ``rng`` argument.
+canonical ``params()`` / ``load_params()`` / ``from_params()`` plumbing (the
+dtype default and the ``rng`` argument are read in ``_checks.py``).
 
 Shape letters: ``B`` batch, ``L`` length, ``D`` model width, ``F``
 feed-forward width; ``...`` any leading axes.
@@ -23,18 +23,9 @@ from torch import nn
 
 from numpy_ref._contract.trees import flatten as _flatten  # state_dict keys: "layers.0.self_attn.w_q"
 
-from ._checks import (
-    HALF_DTYPES,
-    check_bool,
-    check_choice,
-    check_float,
-    check_params,
-    check_probability,
-    _check_same_device,
-    check_same_float_dtype,
-    check_shape,
-    shape_str,
-)
+from numpy_ref._contract.checks import ACTIVATIONS, FEED_FORWARD_KEYS
+
+from ._checks import HALF_DTYPES, _generator, float_dtype, rules
 
 __all__ = [
     "linear",
@@ -46,10 +37,6 @@ __all__ = [
     "LayerNorm",
     "FeedForward",
 ]
-
-ACTIVATIONS = ("relu", "gelu")
-LAYER_NORM_KEYS = ("gamma", "beta")
-FEED_FORWARD_KEYS = ("w_1", "b_1", "w_2", "b_2")
 
 
 def linear(x, w, b=None):
@@ -63,7 +50,7 @@ def linear(x, w, b=None):
     Returns:
       ``(..., D_out)``.
     """
-    _check_linear(x, w, b)
+    rules.linear(x, w, b)  # SPEC 3.10: x (..., D_in), w (D_in, D_out), b (D_out,), one device
     y = x @ w  # (..., D_out)
     return y if b is None else y + b
 
@@ -84,7 +71,7 @@ def layer_norm(x, params, eps=1e-5):
     Returns:
       ``(..., D)``.
     """
-    _check_layer_norm(x, params, eps)
+    rules.layer_norm(x, params, eps)  # SPEC 3.10: x (..., D), gamma/beta (D,), eps > 0
     x_hat, _ = _normalize(_upcast(x), eps)
     return (_upcast(params["gamma"]) * x_hat + _upcast(params["beta"])).to(x.dtype)
 
@@ -108,9 +95,9 @@ def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None,
     Returns:
       ``(..., D)``.
     """
-    _check_feed_forward(x, params, activation)
+    rules.feed_forward(x, params, activation, dropout_p, dropout_mask)  # SPEC 3.11, the hidden keep-mask
     hidden = _ACT[activation](linear(x, params["w_1"], params["b_1"]))  # (..., F)
-    hidden = _dropout(hidden, dropout_p, dropout_mask, rng, "dropout_p", "dropout_mask")
+    hidden = _dropout(hidden, dropout_p, dropout_mask, rng)
     return linear(hidden, params["w_2"], params["b_2"])  # (..., D)
 
 
@@ -118,7 +105,8 @@ def dropout(x, p, mask=None, rng=None):
     """Inverted dropout: ``out = x * mask / (1 - p)``.
 
     Kept values are scaled up at training time so that inference is the
-    identity. ``p == 0`` returns ``x`` itself.
+    identity. ``p == 0`` returns ``x`` itself. A dropped entry is exactly 0,
+    even where ``x`` is inf or NaN (selection, not multiplication).
 
     Args:
       x: floating tensor, any shape.
@@ -130,13 +118,14 @@ def dropout(x, p, mask=None, rng=None):
     Returns:
       tensor of ``x``'s shape and dtype.
     """
-    check_float(x, "x")
-    return _dropout(x, p, mask, rng, "p", "mask")
+    rules.dropout(x, p, mask)  # SPEC 3.12: float x, p in [0, 1), keep-mask of x's shape
+    return _dropout(x, p, mask, rng)
 
 
 def init_layer_norm(d_model, dtype=None, device=None):
     """``{"gamma": ones (D,), "beta": zeros (D,)}``, the identity affine map."""
-    dtype = _float_dtype(dtype)
+    dtype = float_dtype(dtype)
+    (d_model,) = rules.widths(d_model=d_model)  # a positive int
     return {
         "gamma": torch.ones(d_model, dtype=dtype, device=device),
         "beta": torch.zeros(d_model, dtype=dtype, device=device),
@@ -154,7 +143,8 @@ def init_feed_forward(rng, d_model, d_ff, dtype=None, device=None):
     Returns:
       ``{"w_1": (D, F), "b_1": (F,), "w_2": (F, D), "b_2": (D,)}``.
     """
-    rng = _generator(rng)
+    rng, dtype = _generator(rng), float_dtype(dtype)
+    d_model, d_ff = rules.widths(d_model=d_model, d_ff=d_ff)  # positive ints
     bound_1, bound_2 = 1 / math.sqrt(d_model), 1 / math.sqrt(d_ff)
     params = {
         "w_1": _uniform(rng, -bound_1, bound_1, (d_model, d_ff)),
@@ -162,7 +152,7 @@ def init_feed_forward(rng, d_model, d_ff, dtype=None, device=None):
         "w_2": _uniform(rng, -bound_2, bound_2, (d_ff, d_model)),
         "b_2": _uniform(rng, -bound_2, bound_2, (d_model,)),
     }
-    return {k: v.to(dtype=_float_dtype(dtype), device=device) for k, v in params.items()}
+    return {k: v.to(dtype=dtype, device=device) for k, v in params.items()}
 
 
 # --------------------------------------------------------------------------
@@ -181,59 +171,16 @@ def _upcast(x):
     return x.float() if x.dtype in HALF_DTYPES else x
 
 
-def _dropout(x, p, mask, rng, p_name, mask_name):
-    """Inverted dropout with the caller's argument names in error messages."""
-    check_probability(p, p_name)
-    if mask is not None:
-        _check_mask(mask, mask_name, x)
+def _dropout(x, p, mask, rng):
+    """Inverted dropout ``where(mask, x / (1 - p), 0)``; the caller checked ``p`` and ``mask``.
+
+    By selection: a dropped entry is exactly 0, even where ``x`` is inf or NaN.
+    """
     if p == 0:
         return x
     if mask is None:
         mask = torch.rand(x.shape, generator=_generator(rng), device=x.device) >= p
-    return x * mask * (1.0 / (1.0 - p))
-
-
-def _check_mask(mask, name, x):
-    check_bool(mask, name)
-    if tuple(mask.shape) != tuple(x.shape):
-        raise ValueError(f"{name}: expected shape {shape_str(x.shape)}, got {shape_str(mask.shape)}")
-    _check_same_device(mask, name, x, "x")
-
-
-def _check_linear(x, w, b):
-    check_same_float_dtype({"x": x, "w": w, "b": b})
-    check_shape(w, "w", ("D_in", "D_out"))
-    d_in, d_out = w.shape
-    if x.ndim < 1 or x.shape[-1] != d_in:
-        raise ValueError(f"x: expected shape (..., D_in) with D_in={d_in}, got {shape_str(x.shape)}")
-    if b is not None:
-        check_shape(b, "b", ("D_out",), {"D_out": d_out})
-
-
-def _check_layer_norm(x, params, eps):
-    check_params(params, "params", LAYER_NORM_KEYS)
-    check_same_float_dtype({"x": x, "params.gamma": params["gamma"], "params.beta": params["beta"]})
-    if x.ndim < 1:
-        raise ValueError(f"x: expected shape (..., D), got {shape_str(x.shape)}")
-    d = x.shape[-1]
-    check_shape(params["gamma"], "params.gamma", ("D",), {"D": d})
-    check_shape(params["beta"], "params.beta", ("D",), {"D": d})
-    if not float(eps) > 0:
-        raise ValueError(f"eps: expected a positive number, got {eps}")
-
-
-def _check_feed_forward(x, params, activation):
-    check_choice(activation, "activation", ACTIVATIONS)
-    check_params(params, "params", FEED_FORWARD_KEYS)
-    check_same_float_dtype({"x": x, **{f"params.{k}": params[k] for k in FEED_FORWARD_KEYS}})
-    if x.ndim < 1:
-        raise ValueError(f"x: expected shape (..., D), got {shape_str(x.shape)}")
-    d = x.shape[-1]
-    check_shape(params["w_1"], "params.w_1", ("D", "F"), {"D": d})
-    f = params["w_1"].shape[1]
-    check_shape(params["b_1"], "params.b_1", ("F",), {"F": f})
-    check_shape(params["w_2"], "params.w_2", ("F", "D"), {"F": f, "D": d})
-    check_shape(params["b_2"], "params.b_2", ("D",), {"D": d})
+    return torch.where(mask, x * (1.0 / (1.0 - p)), 0.0)
 
 
 # relu' = 1[x > 0] (0 at the kink) and exact-erf gelu, as numpy_ref.
@@ -241,25 +188,7 @@ _ACT = {"relu": torch.relu, "gelu": F.gelu}
 
 
 # --------------------------------------------------------------------------
-# shared by every torch_impl module: dtype default, rng, canonical params
-
-
-def _float_dtype(dtype):
-    """``None`` -> ``torch.get_default_dtype()``; a non-floating dtype is a TypeError."""
-    dtype = torch.get_default_dtype() if dtype is None else dtype
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype: expected a floating-point dtype, got {str(dtype).removeprefix('torch.')}")
-    return dtype
-
-
-def _generator(rng):
-    """The ``rng`` argument: a ``torch.Generator``, an int seed (a fresh CPU
-    generator), or None (torch's global RNG)."""
-    if rng is None or isinstance(rng, torch.Generator):
-        return rng
-    if isinstance(rng, int) and not isinstance(rng, bool):
-        return torch.Generator().manual_seed(rng)
-    raise TypeError(f"rng: expected a torch.Generator, an int seed or None, got {type(rng).__name__}")
+# shared by every torch_impl module: canonical params
 
 
 def _uniform(rng, low, high, shape):
@@ -304,9 +233,11 @@ class LayerNorm(_CanonicalModule):
 
     def __init__(self, d_model, eps=1e-5, *, dtype=None, device=None):
         super().__init__()
+        (d_model,) = rules.widths(d_model=d_model)
+        rules.eps(eps)
         self.d_model, self.eps = d_model, eps
-        self.gamma = nn.Parameter(torch.empty(d_model, dtype=_float_dtype(dtype), device=device))
-        self.beta = nn.Parameter(torch.empty(d_model, dtype=_float_dtype(dtype), device=device))
+        self.gamma = nn.Parameter(torch.empty(d_model, dtype=float_dtype(dtype), device=device))
+        self.beta = nn.Parameter(torch.empty(d_model, dtype=float_dtype(dtype), device=device))
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -338,10 +269,10 @@ class FeedForward(_CanonicalModule):
 
     def __init__(self, d_model, d_ff, activation="relu", dropout=0.0, *, dtype=None, device=None):
         super().__init__()
-        check_choice(activation, "activation", ACTIVATIONS)
-        self.d_model, self.d_ff = d_model, d_ff
-        self.activation, self.dropout = activation, float(dropout)
-        dtype = _float_dtype(dtype)
+        rules.choice(activation, "activation", ACTIVATIONS)
+        self.d_model, self.d_ff = rules.widths(d_model=d_model, d_ff=d_ff)
+        self.activation, self.dropout = activation, rules.probability(dropout, "dropout")
+        dtype = float_dtype(dtype)
         for name, shape in (("w_1", (d_model, d_ff)), ("b_1", (d_ff,)),
                             ("w_2", (d_ff, d_model)), ("b_2", (d_model,))):
             setattr(self, name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device)))

@@ -13,26 +13,11 @@ Shape letters: ``B`` batch, ``H`` heads, ``Lq`` query length, ``Lk`` key length.
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 
-from ._checks import check_bool, check_int, check_rank, shape_str
+from ._checks import float_dtype, rules
 
 __all__ = ["padding_mask", "causal_mask", "combine_masks", "mask_to_bias"]
-
-
-def _length(n, name: str) -> int:
-    """A non-negative Python int from an int-like ``n`` (TypeError for floats, bools)."""
-    if isinstance(n, bool) or (isinstance(n, torch.Tensor) and n.dtype == torch.bool):
-        raise TypeError(f"{name}: expected an integer, got {type(n).__name__}")
-    try:
-        value = operator.index(n)
-    except TypeError:
-        raise TypeError(f"{name}: expected an integer, got {type(n).__name__}") from None
-    if value < 0:
-        raise ValueError(f"{name}: expected a non-negative integer, got {value}")
-    return value
 
 
 def padding_mask(lengths=None, max_len=None, *, tokens=None, pad_id=0):
@@ -49,28 +34,11 @@ def padding_mask(lengths=None, max_len=None, *, tokens=None, pad_id=0):
     Returns:
       bool ``(B, 1, 1, Lk)`` on the device of ``lengths`` / ``tokens``.
     """
-    if (lengths is None) == (tokens is None):
-        got = "both" if lengths is not None else "neither"
-        raise ValueError(f"lengths: expected exactly one of lengths or tokens, got {got}")
+    lengths, max_len, tokens, pad_id = rules.padding_mask(  # SPEC 3.2: one of the two; lengths in [0, max_len]
+        lengths, max_len, tokens, pad_id)
     if tokens is not None:
-        if max_len is not None:
-            raise ValueError("max_len: only used with lengths; tokens already fix Lk")
-        tokens = torch.as_tensor(tokens)
-        check_int(tokens, "tokens")
-        check_rank(tokens, "tokens", ("B", "Lk"))
-        return (tokens != pad_id)[:, None, None, :]  # (B, 1, 1, Lk)
-
+        return (torch.as_tensor(tokens) != pad_id)[:, None, None, :]  # (B, 1, 1, Lk)
     lengths = torch.as_tensor(lengths)
-    check_int(lengths, "lengths")
-    check_rank(lengths, "lengths", ("B",))
-    if max_len is None:
-        max_len = int(lengths.max()) if lengths.numel() else 0
-    max_len = _length(max_len, "max_len")
-    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > max_len):
-        raise ValueError(
-            f"lengths: expected values in [0, max_len] with max_len={max_len}, "
-            f"got {lengths.tolist()}"
-        )
     keep = torch.arange(max_len, device=lengths.device) < lengths[:, None]  # (B, Lk)
     return keep[:, None, None, :]  # (B, 1, 1, Lk)
 
@@ -90,8 +58,7 @@ def causal_mask(Lq, Lk=None, device=None):
     Returns:
       bool ``(Lq, Lk)``.
     """
-    Lq = _length(Lq, "Lq")
-    Lk = Lq if Lk is None else _length(Lk, "Lk")
+    Lq, Lk = rules.causal_mask(Lq, Lk)  # SPEC 3.2: non-negative ints
     keys = torch.arange(Lk, device=device)[None, :]  # (1, Lk)
     queries = torch.arange(Lq, device=device)[:, None]  # (Lq, 1)
     return keys <= queries  # (Lq, Lk)
@@ -109,23 +76,10 @@ def combine_masks(*masks):
     Returns:
       bool tensor of the broadcast shape, or None when every mask is None.
     """
-    combined, shape = None, None
-    for i, m in enumerate(masks):
-        if m is None:
-            continue
+    combined = None
+    for m in rules.combine_masks(masks):  # SPEC 3.2: bool, broadcastable with one another
         m = torch.as_tensor(m)
-        check_bool(m, f"masks[{i}]")
-        if combined is None:
-            combined, shape = m, m.shape
-            continue
-        try:
-            shape = torch.broadcast_shapes(shape, m.shape)
-        except RuntimeError:
-            raise ValueError(
-                f"masks[{i}]: expected a shape broadcastable with {shape_str(shape)} "
-                f"(the masks before it), got {shape_str(m.shape)}"
-            ) from None
-        combined = combined & m
+        combined = m.clone() if combined is None else combined & m
     return combined
 
 
@@ -143,10 +97,7 @@ def mask_to_bias(mask, dtype=None):
     Returns:
       ``dtype`` tensor of ``mask``'s shape, on ``mask``'s device.
     """
-    mask = torch.as_tensor(mask)
-    check_bool(mask, "mask")
-    dtype = torch.get_default_dtype() if dtype is None else dtype
-    if not dtype.is_floating_point:
-        raise TypeError(f"dtype: expected a floating-point dtype, got {str(dtype).removeprefix('torch.')}")
+    mask = torch.as_tensor(rules.mask_to_bias(mask))  # SPEC 3.2: a bool mask
+    dtype = float_dtype(dtype)
     zero = torch.zeros((), dtype=dtype, device=mask.device)
     return torch.where(mask, zero, torch.tensor(float("-inf"), dtype=dtype, device=mask.device))

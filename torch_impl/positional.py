@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import _check_same_device, check_rank, check_same_float_dtype, check_shape
-from .layers import _CanonicalModule, _float_dtype, _generator, _tensors, dropout
-from .masks import _length
+from ._checks import _generator, float_dtype, rules
+from .layers import _CanonicalModule, _tensors, dropout
 
 __all__ = [
     "sinusoidal_encoding",
@@ -43,9 +42,8 @@ def sinusoidal_encoding(max_len, d_model, dtype=None, device=None):
     Returns:
       ``(max_len, D)``.
     """
-    max_len = _length(max_len, "max_len")
-    d_model = _length(d_model, "d_model")
-    dtype = _float_dtype(dtype)
+    max_len, d_model = rules.sinusoidal(max_len, d_model)  # SPEC 3.9: max_len >= 0, D >= 1
+    dtype = float_dtype(dtype)
     pos = torch.arange(max_len, dtype=torch.float64, device=device)[:, None]  # (max_len, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (ceil(D/2),)
     angle = pos / 10000.0 ** (two_i / d_model)  # (max_len, ceil(D/2))
@@ -67,7 +65,7 @@ def add_positional_encoding(x, table):
     Returns:
       ``(B, L, D)``.
     """
-    _check_add(x, table)
+    rules.add_positional(x, table)  # SPEC 3.9: x (B, L, D), table (max_len, D), L <= max_len, one device
     return x + table[: x.shape[1]]  # (B, L, D)
 
 
@@ -85,23 +83,10 @@ def init_learned_positional_embedding(rng, max_len, d_model, dtype=None, device=
     Returns:
       ``{"table": (max_len, D)}``.
     """
-    max_len = _length(max_len, "max_len")
-    d_model = _length(d_model, "d_model")
-    dtype = _float_dtype(dtype)
+    max_len, d_model = rules.sinusoidal(max_len, d_model)  # max_len >= 0, D >= 1
+    dtype = float_dtype(dtype)
     table = 0.02 * torch.randn(max_len, d_model, generator=_generator(rng), dtype=torch.float64)
     return {"table": table.to(dtype=dtype, device=device)}
-
-
-def _check_add(x, table):
-    check_same_float_dtype({"x": x, "table": table})
-    check_rank(x, "x", ("B", "L", "D"))
-    check_shape(table, "table", ("max_len", "D"), {"D": x.shape[2]})
-    if x.shape[1] > table.shape[0]:
-        raise ValueError(
-            f"x: expected length L <= max_len={table.shape[0]} of table, got L={x.shape[1]} "
-            f"(x {tuple(x.shape)}, table {tuple(table.shape)})"
-        )
-    _check_same_device(table, "table", x, "x")
 
 
 # --------------------------------------------------------------------------
@@ -161,7 +146,7 @@ class LearnedPositionalEmbedding(_CanonicalModule):
     def __init__(self, max_len, d_model, *, dtype=None, device=None):
         super().__init__()
         self.max_len, self.d_model = max_len, d_model
-        self.table = nn.Parameter(torch.empty(max_len, d_model, dtype=_float_dtype(dtype), device=device))
+        self.table = nn.Parameter(torch.empty(max_len, d_model, dtype=float_dtype(dtype), device=device))
         self.reset_parameters()
 
     def reset_parameters(self, rng=None):

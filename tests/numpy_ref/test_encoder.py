@@ -262,7 +262,7 @@ _NO_FFN = {k: v for k, v in _FULL.items() if k != "ffn"}
 BAD_CALLS = [
     ("x-rank-2", lambda: encoder_layer(X[0], _P, H), ValueError, "x"),
     ("integer-x", lambda: encoder_layer(X.astype(int), _P, H), TypeError, "x"),
-    ("x-width-mismatch", lambda: encoder_layer(np.zeros((B, L, 9)), _P, H), ValueError, "params.w_q"),
+    ("x-width-mismatch", lambda: encoder_layer(np.zeros((B, L, 9)), _P, H), ValueError, "params.self_attn.w_q"),
     ("d_model-not-divisible-by-heads", lambda: encoder_layer(X, _P, 5), ValueError, "num_heads"),
     ("float-num_heads", lambda: encoder_layer(X, _P, 3.0), TypeError, "num_heads"),
     ("unknown-activation", lambda: encoder_layer(X, _P, H, activation="tanh"), ValueError, "activation"),
@@ -279,7 +279,7 @@ BAD_CALLS = [
     ("backward-d_out-shape", lambda: encoder_layer_backward(X[:, :3], X, _P, H), ValueError, "d_out"),
     ("stack-dropout_masks-wrong-length", lambda: encoder(X, _STACK, H, dropout_p=0.2, dropout_masks=[_FULL]), ValueError, "dropout_masks"),
     ("stack-backward-layer-1-missing-site", lambda: encoder_backward(X, X, _STACK, H, dropout_p=0.2, dropout_masks=[_FULL, _NO_FFN]), ValueError, "dropout_masks[1]"),
-    ("float32-params-float64-x", lambda: encoder_layer(X, init_encoder_layer(np.random.default_rng(0), D, F, dtype=np.float32), H), TypeError, "params.w_q"),
+    ("float32-params-float64-x", lambda: encoder_layer(X, init_encoder_layer(np.random.default_rng(0), D, F, dtype=np.float32), H), TypeError, "params.self_attn.w_q"),
     ("stack-missing-layers", lambda: encoder(X, {"norm": _P["norm1"]}, H), ValueError, "params"),
 ]
 
