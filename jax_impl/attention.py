@@ -87,7 +87,7 @@ def _softmax_of_valid(x, axis):
     m = jnp.where(m == -jnp.inf, 0.0, m)
     e = jnp.exp(x - m)
     s = jnp.sum(e, axis=axis, keepdims=True)
-    return e / jnp.where(s > 0, s, 1.0)  # an empty row: 0 / 1 = 0
+    return e / jnp.where(s == 0, 1.0, s)  # an empty row: 0 / 1 = 0; a NaN sum stays NaN
 
 
 @_softmax_of_valid.defjvp

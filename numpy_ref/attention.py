@@ -91,7 +91,7 @@ def _masked_softmax(x, mask, axis):
     m = np.where(m == -np.inf, 0.0, m)
     e = np.where(valid, np.exp(np.where(valid, x, m) - m), 0.0)
     s = np.sum(e, axis=axis, keepdims=True)
-    return e / np.where(s > 0, s, 1.0)  # an empty row: 0 / 1 = 0
+    return e / np.where(s == 0, 1.0, s)  # an empty row: 0 / 1 = 0; a NaN sum stays NaN
 
 
 def _softmax_grad(p, dp, axis=-1):

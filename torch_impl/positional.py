@@ -49,7 +49,7 @@ def sinusoidal_encoding(max_len, d_model, dtype=None, device=None):
     angle = pos / 10000.0 ** (two_i / d_model)  # (max_len, ceil(D/2))
     # interleave sin and cos, then drop the trailing cos of an odd D
     table = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1)  # (max_len, ceil(D/2), 2)
-    table = table.reshape(max_len, -1)[:, :d_model]  # (max_len, D)
+    table = table.reshape(max_len, 2 * angle.shape[1])[:, :d_model]  # (max_len, D)
     return table.to(dtype)
 
 

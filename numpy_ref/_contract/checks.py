@@ -95,6 +95,14 @@ def _type_str(value) -> str:
     return cls.__name__ if package == "builtins" else f"{package}.{cls.__name__}"
 
 
+def _value_str(value) -> str:
+    """What came where a Python value goes: its type, or ``an array of shape (1,)``
+    (the same words for a numpy, torch or JAX array, or a tracer)."""
+    if hasattr(value, "shape") and not isinstance(value, np.generic):
+        return f"an array of shape {shape_str(value.shape)}"
+    return _type_str(value)
+
+
 def rng_error(rng, expected: str, name: str = "rng") -> TypeError:
     """``rng: expected <expected>, got <type>`` (each mirror says what it draws from)."""
     return TypeError(f"{name}: expected {expected}, got {_type_str(rng)}")
@@ -148,9 +156,12 @@ class Rules:
             raise TypeError(f"{name}: expected a {self.array_name}, got {_type_str(x)}")
         raise TypeError(f"{name}: expected an array, got {_type_str(x)}")
 
-    def arrays(self, named: dict) -> None:
-        """:meth:`array` for every entry that is not None (None = not given)."""
-        for name, x in named.items():
+    def arrays(self, required: dict, optional: dict | None = None) -> None:
+        """:meth:`array` for every required entry, and for every optional one
+        that is not None (None = not given)."""
+        for name, x in required.items():
+            self.array(x, name)
+        for name, x in (optional or {}).items():
             if x is not None:
                 self.array(x, name)
 
@@ -231,7 +242,9 @@ class Rules:
         if x.ndim < 1 or (size is not None and int(x.shape[-1]) != int(size)):
             raise ValueError(f"{name}: expected shape {_spec(('...', letter), sizes)}, "
                              f"got {shape_str(x.shape)}")
-        self._widths(x, name, ("...",) * (x.ndim - 1) + (letter,), sizes)
+        if letter in WIDTHS and int(x.shape[-1]) == 0:
+            raise ValueError(f"{name}: expected shape {_spec(('...', letter), sizes)} with {letter} >= 1, "
+                             f"got {shape_str(x.shape)}")
 
     def exact_shape(self, x, name: str, shape, what: str = "") -> None:
         """ValueError unless ``x.shape == shape`` (keep-masks, cotangents)."""
@@ -254,7 +267,7 @@ class Rules:
         """TypeError unless ``value`` is a real number (not a bool, not an array)."""
         if not _is_number(value):
             where = " (static under jax.jit)" if static else ""
-            raise TypeError(f"{name}: expected a real number{where}, got {_type_str(value)}")
+            raise TypeError(f"{name}: expected a real number{where}, got {_value_str(value)}")
         return float(value)
 
     def probability(self, p, name: str = "dropout_p") -> float:
@@ -282,23 +295,23 @@ class Rules:
         if not self.is_concrete(n):
             raise ValueError(f"{name}: expected a static Python int under jax.jit, got a traced value")
         if not _is_int(n):
-            raise TypeError(f"{name}: expected an integer, got {_type_str(n)}")
+            raise TypeError(f"{name}: expected an integer, got {_value_str(n)}")
         value = operator.index(n)
         if value < minimum:
-            what = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
+            what = {0: "a non-negative integer", 1: "a positive integer"}[minimum]
             raise ValueError(f"{name}: expected {what}, got {value}")
         return value
 
     def integer(self, value, name: str) -> int:
         """Any int (``pad_id`` may be negative), not a bool, not None."""
         if not _is_int(value):
-            raise TypeError(f"{name}: expected an integer, got {_type_str(value)}")
+            raise TypeError(f"{name}: expected an integer, got {_value_str(value)}")
         return operator.index(value)
 
     def flag(self, value, name: str) -> None:
         """TypeError unless ``value`` is a bool."""
         if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{name}: expected a bool, got {_type_str(value)}")
+            raise TypeError(f"{name}: expected a bool, got {_value_str(value)}")
 
     def choice(self, value, name: str, choices) -> None:
         """ValueError unless ``value`` is one of ``choices``."""
@@ -308,12 +321,14 @@ class Rules:
     def heads(self, num_heads, d_model) -> int:
         """A positive int dividing ``d_model``; the message names both numbers."""
         if not _is_int(num_heads):
-            raise TypeError(f"num_heads: expected a positive int, got {num_heads!r}")
-        if operator.index(num_heads) <= 0:
-            raise ValueError(f"num_heads: expected a positive int, got {num_heads!r}")
-        if int(d_model) % operator.index(num_heads) != 0:
-            raise ValueError(f"num_heads: d_model={d_model} must be divisible by num_heads={num_heads}")
-        return operator.index(num_heads)
+            got = _value_str(num_heads) if hasattr(num_heads, "shape") else repr(num_heads)
+            raise TypeError(f"num_heads: expected a positive int, got {got}")
+        heads = operator.index(num_heads)
+        if heads <= 0:
+            raise ValueError(f"num_heads: expected a positive int, got {heads}")
+        if int(d_model) % heads != 0:
+            raise ValueError(f"num_heads: d_model={d_model} must be divisible by num_heads={heads}")
+        return heads
 
     def float_dtype(self, is_float: bool, dtype) -> None:
         """TypeError for a ``dtype`` argument that is not floating."""
@@ -363,7 +378,7 @@ class Rules:
 
     def softmax(self, x, axis, mask) -> None:
         """``softmax(x, axis, mask)``: a float x, an int axis in range, a mask."""
-        self.arrays({"x": x, "mask": mask})
+        self.arrays({"x": x}, {"mask": mask})
         self.same_float_dtype({"x": x})
         if not _is_int(axis):
             raise TypeError(f"axis: expected an int, got {_type_str(axis)}")
@@ -374,7 +389,7 @@ class Rules:
 
     def sdpa(self, q, k, v, mask, bias, scale, dropout_p, dropout_mask) -> None:
         """``scaled_dot_product_attention``: rank 3 or 4, shared ``*batch``."""
-        self.arrays({"q": q, "k": k, "v": v, "mask": mask, "bias": bias, "dropout_mask": dropout_mask})
+        self.arrays({"q": q, "k": k, "v": v}, {"mask": mask, "bias": bias, "dropout_mask": dropout_mask})
         self.same_float_dtype({"q": q, "k": k, "v": v, "bias": bias})
         if q.ndim not in (3, 4):  # two admissible ranks
             raise ValueError(f"q: expected shape (B, Lq, Dk) or (B, H, Lq, Dk), got {shape_str(q.shape)}")
@@ -392,7 +407,7 @@ class Rules:
     def additive(self, query, keys, params, mask):
         """``additive_attention``; returns the mask with a size-1 head axis dropped."""
         named = self.leaves(params, "params", _ADDITIVE)
-        self.arrays({"query": query, "keys": keys, "mask": mask})
+        self.arrays({"query": query, "keys": keys}, {"mask": mask})
         self.same_float_dtype({"query": query, "keys": keys, **named})
         self.shape(query, "query", ("B", "Lq", "Dq"))
         B, Lq, Dq = query.shape
@@ -410,8 +425,8 @@ class Rules:
     def mha(self, query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask) -> None:
         """``multi_head_attention``: ``(B, L, D)`` inputs, eight ``(D, D)``/``(D,)`` params."""
         named = self.leaves(params, "params", _MHA)
-        self.arrays({"query": query, "key": key, "value": value, "mask": mask, "bias": bias,
-                     "dropout_mask": dropout_mask})
+        self.arrays({"query": query, "key": key, "value": value},
+                    {"mask": mask, "bias": bias, "dropout_mask": dropout_mask})
         self.same_float_dtype({"query": query, "key": key, "value": value, **named, "bias": bias})
         self.shape(query, "query", ("B", "Lq", "D"))
         B, Lq, D = query.shape
@@ -426,7 +441,7 @@ class Rules:
 
     def linear(self, x, w, b) -> None:
         """``linear``: ``x (..., D_in)``, ``w (D_in, D_out)``, ``b (D_out,)``."""
-        self.arrays({"x": x, "w": w, "b": b})
+        self.arrays({"x": x, "w": w}, {"b": b})
         self.same_float_dtype({"x": x, "w": w, "b": b})
         self.shape(w, "w", ("D_in", "D_out"))
         d_in, d_out = w.shape
@@ -618,7 +633,7 @@ class Rules:
     def host_array(self, value, name: str, what: str):
         """An array argument that may also come as a (nested) list: a list
         becomes a numpy array here, so that every mirror reads it alike."""
-        if self.is_array(value) or isinstance(value, np.ndarray):
+        if self.is_array(value) or isinstance(value, (np.ndarray, np.generic)):
             return value
         if isinstance(value, (list, tuple)):
             try:
@@ -721,8 +736,7 @@ class Rules:
                 raise ValueError("d_out: expected an array or a pair (d_out, d_weights), "
                                  f"got a {type(d_out).__name__} of length {len(d_out)}")
             d_out, d_weights = d_out
-        self.array(d_out, "d_out")
-        self.arrays({"d_weights": d_weights})
+        self.arrays({"d_out": d_out}, {"d_weights": d_weights})
         self.same_float_dtype({ref_name: ref, "d_out": d_out, "d_weights": d_weights})
         for x, name, (letters, shape) in ((d_out, "d_out", out_spec), (d_weights, "d_weights", weights_spec)):
             if x is not None:

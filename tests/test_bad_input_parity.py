@@ -1,0 +1,609 @@
+"""Bad input, generated: every package refuses a bad call alike (SPEC 3.16).
+
+Hypothesis starts from one valid call of every public function and breaks one
+argument at a time: wrong ranks and shapes, wrong dtypes (int, bool, complex,
+float16, float32 next to float64, object), NaN and inf, zero and negative
+sizes, non-integer counts, out-of-range probabilities, masks of the wrong
+dtype or broadcast shape, missing, extra and misshapen parameter keys, lists
+and None where arrays go, strings and bools where numbers go. Each call runs
+in ``numpy_ref`` and in a mirror, and the two must agree:
+
+- both raise, the same type with the same message, a ``ValueError`` or
+  ``TypeError`` whose message starts with an argument name (never an error
+  from inside numpy, torch or JAX); or
+- both return, results of the same shapes and dtypes with NaN in the same
+  places and the same values (float64 to 1e-9, float16 loosely);
+- and a call that is invalid for certain (a string where a number goes, a
+  missing parameter, ...) is never accepted.
+
+``numpy_ref``'s ``*_backward`` functions refuse what their forward refuses,
+with the same message, and name ``d_out`` for a bad cotangent. The counts
+(calls generated, agreements) are printed at the end of the run.
+
+Seeded (``derandomize=True``), a bounded number of examples: the same calls
+on every run.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import numpy_ref as nr
+
+EXAMPLES = 700  # per mirror; about 6 s each on two cores
+SETTINGS = settings(derandomize=True, max_examples=EXAMPLES, deadline=None, database=None,
+                    suppress_health_check=list(HealthCheck))
+
+# --------------------------------------------------------------------------
+# the valid calls: every public function, every dimension its own size
+
+R = np.random.default_rng(20240601)
+B, H, LQ, LK, DK, DV = 2, 2, 3, 4, 5, 6  # sdpa
+D, F, L = 6, 7, 3  # mha, layers, encoder: H = 2, Dh = 3
+DQ, DKA, A = 5, 6, 7  # additive attention
+
+
+class Dtype(str):
+    """A dtype argument, spelled per package (``np.float64``, ``torch.float64``, ...)."""
+
+
+class Rng:
+    """The ``rng``/``key`` argument of an ``init_*`` function, valid in each package."""
+
+
+def f(*shape):
+    return R.standard_normal(shape)
+
+
+def keep(*shape):
+    return R.random(shape) < 0.7
+
+
+def mha_params():
+    return {k: f(D, D) if k.startswith("w") else f(D) for k in ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")}
+
+
+def ffn_params():
+    return {"w_1": f(D, F), "b_1": f(F), "w_2": f(F, D), "b_2": f(D)}
+
+
+def norm_params():
+    return {"gamma": f(D), "beta": f(D)}
+
+
+def layer_params():
+    return {"self_attn": mha_params(), "ffn": ffn_params(), "norm1": norm_params(), "norm2": norm_params()}
+
+
+def site_masks():
+    return {"attention": keep(B, H, L, L), "ffn": keep(B, L, F),
+            "residual_attn": keep(B, L, D), "residual_ffn": keep(B, L, D)}
+
+
+#: (function, kwargs, {argument: the shape an optional mask/bias broadcasts to})
+BASE = [
+    ("padding_mask", {"lengths": np.array([2, 4]), "max_len": 5}, {}),
+    ("padding_mask", {"tokens": np.array([[3, 1, 0], [2, 0, 0]]), "pad_id": 0}, {}),
+    ("causal_mask", {"Lq": 3, "Lk": 4}, {}),
+    ("combine_masks", {"masks": [keep(B, 1, 1, LK), keep(LQ, LK)]}, {}),
+    ("mask_to_bias", {"mask": keep(LQ, LK), "dtype": Dtype("float64")}, {}),
+    ("sinusoidal_encoding", {"max_len": 5, "d_model": 6, "dtype": Dtype("float64")}, {}),
+    ("add_positional_encoding", {"x": f(B, L, D), "table": f(5, D)}, {}),
+    ("init_learned_positional_embedding", {"rng": Rng(), "max_len": 5, "d_model": D, "dtype": Dtype("float64")}, {}),
+    ("softmax", {"x": f(B, LQ, LK), "axis": -1, "mask": None}, {"mask": (B, LQ, LK)}),
+    ("scaled_dot_product_attention",
+     {"q": f(B, H, LQ, DK), "k": f(B, H, LK, DK), "v": f(B, H, LK, DV), "mask": keep(LQ, LK), "bias": None,
+      "scale": None, "dropout_p": 0.0, "dropout_mask": None},
+     {"mask": (B, H, LQ, LK), "bias": (B, H, LQ, LK), "dropout_mask": (B, H, LQ, LK)}),
+    ("scaled_dot_product_attention",
+     {"q": f(B, LQ, DK), "k": f(B, LK, DK), "v": f(B, LK, DV), "mask": None, "bias": f(B, LQ, LK),
+      "scale": 0.5, "dropout_p": 0.25, "dropout_mask": keep(B, LQ, LK)},
+     {"mask": (B, LQ, LK), "bias": (B, LQ, LK)}),
+    ("additive_attention",
+     {"query": f(B, LQ, DQ), "keys": f(B, LK, DKA), "params": {"w_1": f(DKA, A), "w_2": f(DQ, A), "v": f(A)},
+      "mask": keep(B, 1, 1, LK)}, {"mask": (B, LQ, LK)}),
+    ("multi_head_attention",
+     {"query": f(B, LQ, D), "key": f(B, LK, D), "value": f(B, LK, D), "params": mha_params(), "num_heads": H,
+      "mask": None, "bias": None, "dropout_p": 0.5, "dropout_mask": keep(B, H, LQ, LK)},
+     {"mask": (B, H, LQ, LK), "bias": (B, H, LQ, LK)}),
+    ("init_multi_head_attention", {"rng": Rng(), "d_model": D, "dtype": Dtype("float64")}, {}),
+    ("init_additive_attention", {"rng": Rng(), "d_query": DQ, "d_key": DKA, "d_attn": A, "dtype": Dtype("float64")}, {}),
+    ("linear", {"x": f(B, L, D), "w": f(D, F), "b": None}, {"b": (F,)}),
+    ("layer_norm", {"x": f(B, L, D), "params": norm_params(), "eps": 1e-5}, {}),
+    ("feed_forward", {"x": f(B, L, D), "params": ffn_params(), "activation": "gelu", "dropout_p": 0.0,
+                      "dropout_mask": None}, {"dropout_mask": (B, L, F)}),
+    ("dropout", {"x": f(B, L, D), "p": 0.3, "mask": keep(B, L, D)}, {}),
+    ("init_layer_norm", {"d_model": D, "dtype": Dtype("float64")}, {}),
+    ("init_feed_forward", {"rng": Rng(), "d_model": D, "d_ff": F, "dtype": Dtype("float64")}, {}),
+    ("encoder_layer",
+     {"x": f(B, L, D), "params": layer_params(), "num_heads": H, "mask": None, "norm_first": False,
+      "activation": "relu", "eps": 1e-5, "dropout_p": 0.2, "dropout_masks": site_masks()},
+     {"mask": (B, H, L, L)}),
+    ("encoder",
+     {"x": f(B, L, D), "params": {"layers": [layer_params(), layer_params()], "norm": norm_params()},
+      "num_heads": H, "mask": keep(L, L), "norm_first": True, "activation": "gelu", "eps": 1e-5,
+      "dropout_p": 0.0, "dropout_masks": None}, {"mask": (B, H, L, L)}),
+    ("init_encoder_layer", {"rng": Rng(), "d_model": D, "d_ff": F, "dtype": Dtype("float64")}, {}),
+    ("init_encoder", {"rng": Rng(), "num_layers": 2, "d_model": D, "d_ff": F, "final_norm": True,
+                      "dtype": Dtype("float64")}, {}),
+]
+
+PUBLIC = {name for name, _, _ in BASE}
+assert PUBLIC == {n for n in nr.__dict__ if callable(getattr(nr, n)) and not n.startswith("_")
+                  and not n.endswith("_backward") and n != "SPEC_VERSION"}, "a public function has no base call"
+
+# --------------------------------------------------------------------------
+# breaking one argument
+
+#: arguments that may be None (None is then a valid value, not a bad one)
+OPTIONAL = {"mask", "bias", "scale", "dropout_mask", "dropout_masks", "b", "Lk", "max_len", "lengths", "tokens"}
+#: arrays that may also come as (nested) lists
+LISTABLE = {"lengths", "tokens", "masks", "mask_to_bias.mask"}
+#: the arguments whose rank is free (any leading axes)
+ANY_RANK = {"softmax.x", "dropout.x", "dropout.mask", "linear.x", "layer_norm.x", "feed_forward.x"}
+
+BAD_NUMBERS = ["0.25", True, None, [0.1], float("nan"), float("inf"), -0.5, 1.0, 7]
+BAD_COUNTS = [-1, 2.0, 2.5, "3", True, None, float("nan"), [3]]
+SCALARS = {
+    "dropout_p": (BAD_NUMBERS, [0.0, np.float64(0.0)]),
+    "p": (BAD_NUMBERS, [0.0]),
+    "eps": (["1e-5", True, None, 0.0, -1e-5, float("inf"), float("nan"), [1e-5]], [1e-3, np.float32(0.1)]),
+    "scale": (["0.5", True, float("inf"), float("nan"), [0.5], np.array([0.5])], [None, 0.5, -2.0, np.float64(3.0)]),
+    "axis": ([None, 1.5, "0", True, [0], 3, -4, 7], [0, 1, -2, np.int64(2)]),
+    "num_heads": ([0, -2, 4, 5, 2.0, "2", True, None, [2]], [1, np.int64(3), 6]),
+    "activation": (["tanh", "RELU", None, 1, ["relu"], ""], ["relu", "gelu"]),
+    "norm_first": (["yes", None, 1, 0.0], [True, False, np.bool_(True)]),
+    "final_norm": ([], [True, False]),
+    "pad_id": ([None, 1.5, "0", True, [0]], [-1, 3, np.int64(2)]),
+    "dtype": ([Dtype("int32"), Dtype("bool"), "nope", 3], [Dtype("float32"), Dtype("float16")]),
+    "max_len": (BAD_COUNTS, [0, 1, 4, 5, 9, np.int64(6)]),
+    "Lq": (BAD_COUNTS, [0, 1, 5, np.int64(2)]),
+    "Lk": (BAD_COUNTS, [0, 1, 6, None]),
+    "num_layers": (BAD_COUNTS, [0, 1]),
+    "d_model": (BAD_COUNTS + [0], [1, 4]),
+    "d_ff": (BAD_COUNTS + [0], [1, 3]),
+    "d_query": (BAD_COUNTS + [0], [1, 3]),
+    "d_key": (BAD_COUNTS + [0], [1, 3]),
+    "d_attn": (BAD_COUNTS + [0], [1, 3]),
+}
+
+
+def _leaves(tree, path=()):
+    """(path, value) of every argument, parameter leaf, list item and dict, outermost first."""
+    yield path, tree
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from _leaves(v, path + (i,))
+
+
+def _set(tree, path, value):
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(tree, list):
+        return [_set(v, rest, value) if i == head else v for i, v in enumerate(tree)]
+    if value is _DELETE and not rest:
+        return {k: v for k, v in tree.items() if k != head}
+    return {**tree, head: _set(tree[head], rest, value)}
+
+
+_DELETE = object()
+
+
+def _cast(a, dtype):
+    a = np.asarray(a)
+    if dtype == "object":
+        return a.astype(object)
+    with np.errstate(invalid="ignore"):
+        return np.asarray((a * 3).astype(dtype) if np.dtype(dtype).kind in "iu" else a.astype(dtype))
+
+
+@st.composite
+def bad_calls(draw):
+    """``(function, kwargs, family, invalid)``: one base call with one argument broken.
+
+    ``invalid`` is True when no package may accept the call; otherwise the
+    packages only have to agree.
+    """
+    function, kwargs, targets = draw(st.sampled_from(BASE))
+    paths = [p for p, _ in _leaves(kwargs) if p]
+    path = draw(st.sampled_from(paths))
+    value = kwargs
+    for part in path:
+        value = value[part]
+    top, name = path[0], path[-1] if isinstance(path[-1], str) else path[0]
+    role = f"{function}.{top}" if len(path) == 1 else top
+    in_params = len(path) > 1 and top in ("params", "dropout_masks")
+    dropout_on = float(kwargs.get("dropout_p", kwargs.get("p", 0)) or 0) > 0
+
+    if isinstance(value, np.ndarray):
+        family = draw(st.sampled_from(["rank", "shape", "dtype", "values", "zero", "list", "none", "scalar"]))
+        if family == "rank":
+            new = value[None] if draw(st.booleans()) or value.ndim == 0 else np.asarray(value[0])
+            invalid = role not in ANY_RANK and top not in ("mask", "bias", "masks") or in_params
+        elif family in ("shape", "zero"):
+            if value.ndim == 0:
+                return draw(bad_calls())
+            axis = draw(st.integers(0, value.ndim - 1))
+            size = 0 if family == "zero" else draw(st.sampled_from([1, value.shape[axis] + 1, value.shape[axis] + 2]))
+            if size == value.shape[axis]:
+                size += 1
+            shape = list(value.shape)
+            shape[axis] = size
+            new = np.resize(value, shape) if value.size and size else np.zeros(shape, value.dtype)
+            invalid = in_params and family == "shape" and top == "params"
+        elif family == "dtype":
+            kinds = {"f": ["int64", "bool", "complex128", "float16", "float32", "object"],
+                     "b": ["float64", "int64", "uint8", "object"], "i": ["float64", "bool", "float32", "object"]}
+            dtype = draw(st.sampled_from(kinds[value.dtype.kind]))
+            new = _cast(value, dtype)
+            invalid = dtype in ("int64", "uint8", "complex128", "object") if value.dtype.kind == "f" else True
+            invalid = invalid and not (value.dtype.kind == "b" and dtype in ("int64", "uint8") and False)
+        elif family == "values":
+            if value.dtype.kind != "f" or not value.size:
+                return draw(bad_calls())
+            new = value.copy()
+            new.flat[draw(st.integers(0, value.size - 1))] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+            invalid = False
+        elif family == "list":
+            new = value.tolist()
+            invalid = not (top in LISTABLE or role in LISTABLE)
+        elif family == "none":
+            if dropout_on and (name in ("dropout_mask", "mask") or top == "dropout_masks"):
+                return draw(bad_calls())  # p > 0 without a keep-mask: drawn, or JAX's rng rule
+            new = None
+            invalid = not (len(path) == 1 and top in OPTIONAL) and not (top == "dropout_masks" and not dropout_on)
+            if top == "masks":
+                invalid = False  # combine_masks skips None
+        else:  # a bare number where an array goes
+            new = draw(st.sampled_from([1.0, 0, "x"]))
+            invalid = True
+    elif isinstance(value, dict):
+        family = draw(st.sampled_from(["missing-key", "extra-key", "not-a-dict"]))
+        if family == "missing-key":
+            if not value:
+                return draw(bad_calls())
+            key = draw(st.sampled_from(sorted(value)))
+            new = _DELETE
+            path = path + (key,)
+            invalid = not (top == "dropout_masks" and not in_params and not dropout_on) and not (
+                top == "params" and key == "norm" and len(path) == 2)
+            if top == "dropout_masks" and dropout_on and function == "encoder_layer":
+                return draw(bad_calls())  # a missing site is drawn (numpy, torch) or an rng error (JAX)
+        elif family == "extra-key":
+            new = {**value, draw(st.sampled_from(["w_x", "gamma ", "extra"])): f(3)}
+            invalid = True
+        else:
+            new = draw(st.sampled_from([[], "params", None, 3]))
+            invalid = not (top == "dropout_masks" and new is None and not dropout_on)
+    elif isinstance(value, list):
+        family = draw(st.sampled_from(["list-length", "not-a-list"]))
+        if family == "list-length":
+            new = value[:-1] if value and draw(st.booleans()) else value + [value[0] if value else None]
+            invalid = top == "dropout_masks"
+            if top == "params" and dropout_on:
+                return draw(bad_calls())
+        elif top == "masks":
+            return draw(bad_calls())  # combine_masks(*masks): the list is the call itself
+        else:
+            new = draw(st.sampled_from([{"0": value[0]} if value else {}, "layers", None, 3]))
+            invalid = not (new is None and top in OPTIONAL)
+    elif name in SCALARS or value is None and top in SCALARS:
+        bad, good = SCALARS[top]
+        family = "scalar"
+        if bad and draw(st.booleans()):
+            new, invalid = draw(st.sampled_from(bad)), True
+        else:
+            new, invalid = draw(st.sampled_from(good)), False
+        if top in ("dropout_p", "p") and not invalid and not dropout_on and function in (
+                "scaled_dot_product_attention", "multi_head_attention", "feed_forward", "dropout"):
+            pass
+        if new is None and top in OPTIONAL:
+            invalid = False
+        if top == "max_len" and "tokens" in kwargs:
+            invalid = new is not None
+        if top == "num_heads" and isinstance(new, int) and not isinstance(new, bool) and new > 0:
+            invalid = D % new != 0
+    elif value is None:  # an optional array not given: give one, maybe of a bad shape or dtype
+        target = targets.get(top)
+        if target is None:
+            return draw(bad_calls())
+        family = "optional-array"
+        rank = draw(st.integers(max(len(target) - 2, 0), len(target) + 1))
+        shape = tuple(draw(st.sampled_from([1, n, n + 1])) if i >= 0 else draw(st.sampled_from([1, 2]))
+                      for i, n in ((i - (rank - len(target)), target[i - (rank - len(target))]
+                                    if i - (rank - len(target)) >= 0 else 1) for i in range(rank)))
+        kind = draw(st.sampled_from(["bool", "float64", "int64"]))
+        new = np.asarray(R.random(shape) < 0.6 if kind == "bool" else _cast(R.standard_normal(shape), kind))
+        invalid = (top in ("mask", "dropout_mask") and kind != "bool") or (top in ("bias", "b") and kind != "float64")
+        if top == "dropout_mask" and not dropout_on:
+            invalid = invalid  # given but unused: still checked
+    else:
+        return draw(bad_calls())
+    return function, _set(kwargs, path, new), family, invalid
+
+
+# --------------------------------------------------------------------------
+# running a call in a package, and judging what came out
+
+
+def _convert(tree, array, dtypes, rng):
+    if isinstance(tree, dict):
+        return {k: _convert(v, array, dtypes, rng) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_convert(v, array, dtypes, rng) for v in tree]
+    if isinstance(tree, np.ndarray):
+        return array(tree)
+    if isinstance(tree, Dtype):
+        return dtypes(str(tree))
+    if isinstance(tree, Rng):
+        return rng()
+    return tree
+
+
+class Mirror:
+    """A package and how the test hands it a call."""
+
+    def __init__(self, name, module, array, dtypes, rng, to_numpy):
+        self.name, self.module = name, module
+        self.array, self.dtypes, self.rng, self.to_numpy = array, dtypes, rng, to_numpy
+
+    def convertible(self, kwargs) -> bool:
+        return not any(isinstance(v, np.ndarray) and v.dtype == object for _, v in _leaves(kwargs))
+
+    def run(self, function, kwargs):
+        """``("raise", type, message)`` or ``("ok", results)``."""
+        kw = _convert(kwargs, self.array, self.dtypes, self.rng)
+        args = kw.pop("masks") if function == "combine_masks" else ()
+        if self.name == "jax_impl" and "rng" in kw and function.startswith("init_"):
+            kw["key"] = kw.pop("rng")  # JAX's initialisers name their PRNG key ``key``
+        try:
+            with np.errstate(all="ignore"):
+                out = getattr(self.module, function)(*args, **kw)
+        except Exception as exc:  # noqa: BLE001 - what came out is the point
+            return ("raise", type(exc), str(exc))
+        return ("ok", _results(out, self.to_numpy))
+
+
+def _results(out, to_numpy):
+    """Every array of a result (nested dicts, tuples), as float64/bool numpy, by path."""
+    flat = {}
+    for path, leaf in _leaves(out if isinstance(out, (dict, list)) else list(out) if isinstance(out, tuple) else [out]):
+        if leaf is None or hasattr(leaf, "shape"):
+            flat[path] = None if leaf is None else to_numpy(leaf)
+    return flat
+
+
+NAME = re.compile(r"^([A-Za-z_]\w*)(\.\w+|\[[^\]]*\])*: ")
+
+
+def _refused_properly(outcome, function, extra=()):
+    """The problem with a raised exception, or None when it is a proper refusal."""
+    _, exc_type, message = outcome
+    if exc_type not in (ValueError, TypeError):
+        return f"raw {exc_type.__name__}: {message}"
+    match = NAME.match(message)
+    names = set(inspect.signature(getattr(nr, function)).parameters) | set(extra) | {"rng", "key"}
+    if not match or match.group(1) not in names:
+        return f"message does not start with an argument name: {message}"
+    return None
+
+
+def _same_results(a, b, dtype_names, values=True):
+    if a.keys() != b.keys():
+        return f"results differ in structure: {sorted(map(str, a))} vs {sorted(map(str, b))}"
+    for path in a:
+        x, y = a[path], b[path]
+        if (x is None) != (y is None):
+            return f"{path}: None in one package only"
+        if x is None:
+            continue
+        if x.shape != y.shape or dtype_names(x) != dtype_names(y):
+            return f"{path}: {dtype_names(x)}{x.shape} vs {dtype_names(y)}{y.shape}"
+        if not values:  # init_*: each package draws from its own generator
+            continue
+        if x.dtype == bool or x.dtype.kind in "iu":
+            if not np.array_equal(x, y):
+                return f"{path}: values differ"
+            continue
+        if not np.array_equal(np.isnan(x), np.isnan(y)):
+            return f"{path}: NaN in different places"
+        tight = "float64" in dtype_names(x)
+        if not np.allclose(x, y, rtol=1e-9 if tight else 5e-2, atol=1e-9 if tight else 5e-2, equal_nan=True):
+            return f"{path}: values differ (max {np.nanmax(np.abs(x - y))})"
+    return None
+
+
+# --------------------------------------------------------------------------
+# counting, for the summary at the end of the run
+
+
+COUNTS: dict = {}
+
+
+class _Summary:
+    def pytest_terminal_summary(self, terminalreporter):
+        if not COUNTS:
+            return
+        terminalreporter.section("bad-input parity (generated calls)")
+        for label, c in COUNTS.items():
+            terminalreporter.write_line(
+                f"{label}: {c['calls']} calls ({c['invalid']} certainly invalid), {c['agree']} agreements "
+                f"({c['both raised']} refused alike, {c['both returned']} accepted alike), "
+                f"{c['calls'] - c['agree']} disagreements; {c['package calls']} package calls"
+            )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary(request):
+    plugin = _Summary()
+    if not request.config.pluginmanager.is_registered(plugin):
+        request.config.pluginmanager.register(plugin, "bad-input-parity-summary")
+    yield
+
+
+@pytest.fixture(scope="module")
+def numpy_mirror():
+    return Mirror("numpy_ref", nr, lambda a: a.copy(), lambda d: np.dtype(d), lambda: 0,
+                  lambda a: a)
+
+
+@pytest.fixture(scope="module")
+def torch_mirror():
+    torch = pytest.importorskip("torch")
+    import torch_impl
+
+    def to_numpy(t):
+        t = t.detach().cpu()
+        return t.numpy() if t.dtype != torch.bfloat16 else t.double().numpy()
+
+    return Mirror("torch_impl", torch_impl, lambda a: torch.from_numpy(a.copy()),
+                  lambda d: getattr(torch, d), lambda: 0, to_numpy)
+
+
+@pytest.fixture(scope="module")
+def jax_mirror():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import jax_impl
+
+    return Mirror("jax_impl", jax_impl, jnp.asarray, lambda d: jnp.dtype(d), lambda: jax.random.key(0),
+                  np.asarray)
+
+
+def _dtype_name(a):
+    return str(a.dtype)
+
+
+def _check_pair(ref, mirror, call, record):
+    function, kwargs, family, invalid = call
+    counts = COUNTS.setdefault(f"numpy_ref vs {mirror.name}", Counter())
+    if not mirror.convertible(kwargs):
+        return  # an object array has no torch or JAX counterpart: see the numpy-only test
+    want, got = ref.run(function, kwargs), mirror.run(function, kwargs)
+    counts["calls"] += 1
+    counts["package calls"] += 2
+    counts["invalid"] += invalid
+    where = f"{function} ({family}): numpy_ref {want[0]}, {mirror.name} {got[0]}"
+    for outcome, who in ((want, ref.name), (got, mirror.name)):
+        if outcome[0] == "raise":
+            problem = _refused_properly(outcome, function)
+            assert problem is None, f"{where}; {who}: {problem}"
+    assert want[0] == got[0], f"{where}: {want[1:] if want[0] == 'raise' else got[1:]}"
+    if want[0] == "raise":
+        assert want[1:] == got[1:], f"{where}: {want[1:]} vs {got[1:]}"
+        counts["both raised"] += 1
+    else:
+        assert not invalid, f"{where}: an invalid call was accepted"
+        problem = _same_results(want[1], got[1], _dtype_name, values=not function.startswith("init_"))
+        assert problem is None, f"{where}: {problem}"
+        counts["both returned"] += 1
+    counts["agree"] += 1
+    record("calls", counts["calls"])
+    record("agreements", counts["agree"])
+
+
+@SETTINGS
+@given(call=bad_calls())
+def test_a_bad_call_is_refused_alike_by_numpy_ref_and_torch_impl(numpy_mirror, torch_mirror, call,
+                                                                 record_property):
+    _check_pair(numpy_mirror, torch_mirror, call, record_property)
+
+
+@SETTINGS
+@given(call=bad_calls())
+def test_a_bad_call_is_refused_alike_by_numpy_ref_and_jax_impl(numpy_mirror, jax_mirror, call,
+                                                               record_property):
+    _check_pair(numpy_mirror, jax_mirror, call, record_property)
+
+
+# --------------------------------------------------------------------------
+# numpy_ref alone: object arrays, and the backward passes
+
+
+BACKWARD = {name for name in PUBLIC if hasattr(nr, name + "_backward")}
+
+
+def _cotangent(function, kwargs):
+    """A valid ``d_out`` for the forward's result (a pair for (out, weights))."""
+    with np.errstate(all="ignore"):
+        out = nr.__dict__[function](**kwargs)
+    if isinstance(out, tuple):
+        return tuple(np.ones_like(o) for o in out)
+    return np.ones_like(out)
+
+
+@st.composite
+def bad_cotangents(draw, d_out):
+    kind = draw(st.sampled_from(["dtype", "shape", "list", "none", "rank", "pair-length"]))
+    first = d_out[0] if isinstance(d_out, tuple) else d_out
+    if kind == "dtype":
+        bad = _cast(first, draw(st.sampled_from(["float32", "float16", "int64", "bool", "complex128", "object"])))
+    elif kind == "shape":
+        bad = np.ones(first.shape[:-1] + (first.shape[-1] + 1,))
+    elif kind == "rank":
+        bad = first[None]
+    elif kind == "list":
+        bad = first.tolist()
+    elif kind == "none":
+        bad = None
+    else:
+        return (first,) * 3
+    if isinstance(d_out, tuple) and draw(st.booleans()):
+        return (first, bad) if bad is not None else (first, np.ones((1,)))
+    return (bad, *d_out[1:]) if isinstance(d_out, tuple) else bad
+
+
+@SETTINGS
+@given(call=bad_calls(), data=st.data())
+def test_numpy_ref_refuses_alike_in_the_forward_and_the_backward_and_names_a_bad_d_out(
+        numpy_mirror, call, data, record_property):
+    function, kwargs, family, invalid = call
+    counts = COUNTS.setdefault("numpy_ref forward vs its *_backward (object arrays too)", Counter())
+
+    def agreed(outcome, n=1):
+        counts["calls"] += n
+        counts["package calls"] += n
+        counts["agree"] += n
+        counts["both raised" if outcome[0] == "raise" else "both returned"] += n
+
+    forward = numpy_mirror.run(function, kwargs)
+    counts["invalid"] += invalid
+    if forward[0] == "raise":
+        assert _refused_properly(forward, function) is None, _refused_properly(forward, function)
+    else:
+        assert not invalid, f"{function} ({family}): an invalid call was accepted"
+    if function not in BACKWARD:
+        agreed(forward)
+        return
+    if forward[0] == "raise":  # any valid cotangent: the arguments are refused first
+        base = next(kw for name, kw, _ in BASE if name == function)
+        d_out = _cotangent(function, base)
+    else:  # the forward's own output: its dtype and shapes
+        d_out = _cotangent(function, kwargs)
+    backward = numpy_mirror.run(function + "_backward", {"d_out": d_out, **kwargs})
+    if forward[0] == "raise":
+        assert backward == forward, f"{function}_backward ({family}): {backward} vs {forward}"
+        agreed(forward, 2)
+    else:
+        assert backward[0] == "ok", f"{function}_backward ({family}): {backward}"
+        agreed(forward, 2)
+        bad = data.draw(bad_cotangents(d_out))
+        refused = numpy_mirror.run(function + "_backward", {"d_out": bad, **kwargs})
+        counts["invalid"] += 1
+        assert refused[0] == "raise", f"{function}_backward accepted a bad d_out"
+        problem = _refused_properly(refused, function + "_backward", extra=("d_weights",))
+        assert problem is None and re.match(r"^d_(out|weights)\b", refused[2]), problem or refused[2]
+        agreed(refused)
+    record_property("calls", counts["calls"])
