@@ -321,6 +321,8 @@ _case("masks/combine/with-none", "combine_masks",
       lambda r: {"masks": [None, _causal(5, 7), None, _pad([2, 6], 7)]})
 _case("masks/combine/three", "combine_masks",
       lambda r: {"masks": [_pad([3, 7], 7), _causal(5, 7), r.random((2, 3, 5, 7)) < 0.6]})
+_case("masks/padding/max_len0", "padding_mask",
+      lambda r: {"lengths": np.array([0, 0]), "max_len": 0}, note="Lk = 0: a (B, 1, 1, 0) mask")
 _case("masks/mask_to_bias/padding+causal", "mask_to_bias",
       lambda r: {"mask": _pad([0, 6], 7) & _causal(5, 7), "dtype": "float64"})
 
@@ -333,6 +335,8 @@ _case("positional/sinusoidal/odd-d", "sinusoidal_encoding",
       lambda r: {"max_len": 9, "d_model": 11, "dtype": "float64"}, note="odd D drops the last cos")
 _case("positional/sinusoidal/d1", "sinusoidal_encoding",
       lambda r: {"max_len": 6, "d_model": 1, "dtype": "float64"})
+_case("positional/sinusoidal/max_len0", "sinusoidal_encoding",
+      lambda r: {"max_len": 0, "d_model": 6, "dtype": "float64"}, note="an empty (0, D) table")
 _case("positional/sinusoidal/long", "sinusoidal_encoding",
       lambda r: {"max_len": 64, "d_model": 10, "dtype": "float64"}, note="angles up to 63 rad")
 _case("positional/add/sinusoidal-table", "add_positional_encoding",
@@ -420,6 +424,8 @@ _case("sdpa/rank3/cross/padding", _SDPA, partial(_sdpa, rank=3, mask="padding"))
 _case("sdpa/rank3/self/causal+bias", _SDPA, partial(_sdpa, rank=3, Lk=5, mask="causal", bias="full"))
 _case("sdpa/length1/query", _SDPA, partial(_sdpa, Lq=1, mask="padding"))
 _case("sdpa/length1/key", _SDPA, partial(_sdpa, Lk=1))
+_case("sdpa/length0/key", _SDPA, partial(_sdpa, Lk=0),
+      note="Lk = 0: every row fully masked; out 0, weights (B, H, Lq, 0), gradients 0")
 
 # --------------------------------------------------------------------------
 # additive attention: B=2, Lq=3, Lk=7, Dq=5, Dk=6, A=4
@@ -451,6 +457,8 @@ for _m in ("none", "padding", "3d", "causal", "padding+causal", "fully-masked"):
           note="4-D padding mask (B, 1, 1, Lk) accepted" if _m == "padding" else "")
 _case("additive/length1/query", "additive_attention", partial(_additive, Lq=1, mask="padding"),
       note="one decoder step, as in Bahdanau")
+_case("additive/length0/keys", "additive_attention",
+      lambda r: {**_additive(r), "keys": _normal(r, 2, 0, 6)}, note="Lk = 0: context 0, weights (B, Lq, 0)")
 _case("additive/large-scores", "additive_attention",
       lambda r: _with_gap(lambda: _additive(r, v_scale=1e4), _additive_scores),
       note="scores ~1e4 overflow a naive softmax")
@@ -508,6 +516,7 @@ _case("mha/cross/large-scores", _MHA,
 _case("mha/self/length1", _MHA, partial(_mha, Lq=1, self_attn=True))
 _case("mha/cross/one-head", _MHA, partial(_mha, H=1, mask="causal"))
 _case("mha/cross/twelve-heads", _MHA, partial(_mha, H=12, mask="padding"), note="Dh = 1")
+_case("mha/length0/key", _MHA, partial(_mha, Lk=0), note="Lk = 0: no key at all, so out = b_o")
 
 # --------------------------------------------------------------------------
 # layers: linear (B=2, L=5, D_in=6, D_out=9), layer norm / feed-forward (D=12, F=20)
@@ -551,6 +560,16 @@ _case("dropout/p0.25", "dropout",
 _case("dropout/p0.9", "dropout",
       lambda r: {"x": _normal(r, 2, 3, 5, 7), "p": 0.9, "mask": _keep(r, (2, 3, 5, 7), 0.9)})
 _case("dropout/p0-identity", "dropout", lambda r: {"x": _normal(r, 2, 5, 12), "p": 0.0, "mask": None})
+
+
+def _dropout_inf(r):
+    x, keep = _normal(r, 2, 5, 12), _keep(r, (2, 5, 12), 0.5)
+    x[~keep] = np.where(r.random(x.shape) < 0.5, np.inf, -np.inf)[~keep]
+    return {"x": x, "p": 0.5, "mask": keep}
+
+
+_case("dropout/inf-dropped", "dropout", _dropout_inf,
+      note="dropout is selection: a dropped inf is exactly 0 (x * 0 would be NaN)")
 
 # --------------------------------------------------------------------------
 # encoder: B=2, H=3, L=5, D=12, F=20
@@ -611,6 +630,8 @@ _case("encoder/pre/no-final-norm/gelu/padding+causal", "encoder",
 _case("encoder/post/dropout", "encoder", partial(_encoder, dropout_p=0.2, mask="causal"))
 _case("encoder/pre/three-layers", "encoder", partial(_encoder, num_layers=3, norm_first=True))
 _case("encoder/post/one-layer", "encoder", partial(_encoder, num_layers=1, final_norm=False))
+_case("encoder/post/zero-layers", "encoder", partial(_encoder, num_layers=0, final_norm=False),
+      note="no layer, no norm: out = x (a new array)")
 
 # --------------------------------------------------------------------------
 # error cases: (exception type, argument the message starts with)
@@ -729,6 +750,54 @@ _err("encoder_layer/x-rank", "encoder_layer", "ValueError", "x",
 _err("encoder/x-rank", "encoder", "ValueError", "x", lambda r: {**_encoder(r), "x": _normal(r, 5, 12)})
 _err("encoder/dropout-p1", "encoder", "ValueError", "dropout_p",
      lambda r: {**_encoder(r), "dropout_p": 1.0})
+
+# one case per rule family of the bad-input contract (SPEC 3.16)
+_err("sdpa/dk0", _SDPA, "ValueError", "q",
+     _sdpa_bad(q=lambda kw, r: np.zeros((2, 3, 5, 0)), k=lambda kw, r: np.zeros((2, 3, 7, 0))),
+     note="a width (Dk) of 0; lengths may be 0, widths not")
+_err("layer_norm/d0", "layer_norm", "ValueError", "x",
+     lambda r: {"x": np.zeros((2, 5, 0)), "params": {"gamma": np.zeros(0), "beta": np.zeros(0)}, "eps": 1e-5})
+_err("mha/num_heads-0", _MHA, "ValueError", "num_heads", _mha_bad(num_heads=lambda kw, r: 0))
+_err("positional/sinusoidal-d_model0", "sinusoidal_encoding", "ValueError", "d_model",
+     lambda r: {"max_len": 9, "d_model": 0, "dtype": "float64"})
+_err("encoder/zero-layers-activation", "encoder", "ValueError", "activation",
+     lambda r: {**_encoder(r, num_layers=0, final_norm=False), "activation": "nope"},
+     note="the configuration is checked even without a layer")
+_err("encoder/zero-layers-num_heads", "encoder", "TypeError", "num_heads",
+     lambda r: {**_encoder(r, num_layers=0, final_norm=False), "num_heads": 3.7})
+_err("softmax/axis-out-of-range", "softmax", "ValueError", "axis",
+     lambda r: {**_softmax(r), "axis": 4})
+_err("softmax/axis-none", "softmax", "TypeError", "axis", lambda r: {**_softmax(r), "axis": None},
+     note="None does not mean 'every axis'")
+_err("sdpa/q-list", _SDPA, "TypeError", "q", _sdpa_bad(q=lambda kw, r: kw["q"].tolist()),
+     note="a list where an array goes: 'expected an array, got list'")
+_err("linear/x-none", "linear", "TypeError", "x", lambda r: {"x": None, "w": _normal(r, 6, 9), "b": None})
+_err("sdpa/dropout-p-string", _SDPA, "TypeError", "dropout_p", _sdpa_bad(dropout_p=lambda kw, r: "0.25"))
+_err("dropout/p-string", "dropout", "TypeError", "p",
+     lambda r: {"x": _normal(r, 2, 5, 12), "p": "0.25", "mask": None})
+_err("sdpa/scale-bool", _SDPA, "TypeError", "scale", _sdpa_bad(scale=lambda kw, r: True))
+_err("layer_norm/eps-string", "layer_norm", "TypeError", "eps",
+     lambda r: {"x": _normal(r, 2, 5, 12), "params": _ln_params(r, 12), "eps": "1e-5"})
+_err("masks/padding-pad_id-none", "padding_mask", "TypeError", "pad_id",
+     lambda r: {"tokens": np.array([[5, 2, 0], [4, 0, 0]]), "pad_id": None})
+_err("mha/extra-param", _MHA, "ValueError", "params",
+     _mha_bad(params=lambda kw, r: {**kw["params"], "w_x": _normal(r, 12, 12)}),
+     note="an unknown key is never ignored")
+_err("encoder/layers-not-a-list", "encoder", "TypeError", "params.layers",
+     lambda r: {**_encoder(r), "params": {"layers": _layer_params(r, 12, 20)}})
+_err("encoder/dropout-masks-site-shape", "encoder", "ValueError", 'dropout_masks[1]["ffn"]',
+     lambda r: _encoder_bad_site(r), note="a stack names a layer's site with the layer's index")
+_err("encoder/dropout-masks-not-a-list", "encoder", "TypeError", "dropout_masks",
+     lambda r: {**_encoder(r, dropout_p=0.2), "dropout_masks": _dropout_masks(r, 2, 3, 5, 12, 20, 0.2)})
+_err("encoder_layer/dropout-masks-not-a-dict", "encoder_layer", "TypeError", "dropout_masks",
+     lambda r: {**_encoder_layer(r, dropout_p=0.2), "dropout_masks": [_dropout_masks(r, 2, 3, 5, 12, 20, 0.2)]})
+
+
+def _encoder_bad_site(r):
+    kw = _encoder(r, dropout_p=0.2)
+    kw["dropout_masks"][1]["ffn"] = _keep(r, (2, 5, 12), 0.2)  # (B, L, D), not (B, L, F)
+    return kw
+
 
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "duplicate case names"

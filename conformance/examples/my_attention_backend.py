@@ -40,7 +40,7 @@ def my_attention(q, k, v, mask=None, bias=None, scale=None, keep=None, p=0.0):
     allowed = s > -np.inf
     if mask is not None:
         allowed = allowed & mask
-    row_max = np.max(np.where(allowed, s, -np.inf), axis=-1, keepdims=True)  # (..., Lq, 1)
+    row_max = np.max(np.where(allowed, s, -np.inf), axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
     e = np.exp(np.where(allowed, s - row_max, -np.inf))  # 0 where not allowed
     total = e.sum(axis=-1, keepdims=True)

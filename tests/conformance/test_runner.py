@@ -188,7 +188,7 @@ def test_table_shows_worst_ratio_per_component_for_outputs_and_gradients(capsys)
     assert len(rows) == 3  # float64, float32, error cases
     assert rows[0][1] == rows[1][1] == "4"  # value cases
     assert all(float(x) <= 1 for x in rows[1][2:4])  # out, grad ratios
-    assert rows[2][1] == "2/2"
+    assert rows[2][1] == "4/4"
     assert "[numpy float64]" in err
 
 

@@ -134,6 +134,28 @@ BAD = {
     "encoder_layer/unknown-dropout-site": layer(dropout_masks={"attn": ones(B, H, LQ, LQ)}),
     "encoder_layer/dropout-site-shape": layer(dropout_p=0.1, dropout_masks={"ffn": ones(B, LQ, D)}),
     "encoder/layers-not-a-list": ("encoder", {"x": z(B, LQ, D), "params": {"layers": {}}, "num_heads": H}),
+    # one per rule family of SPEC 3.16
+    "softmax/axis-None": ("softmax", {"x": z(B, LQ, LK), "axis": None}),
+    "softmax/axis-out-of-range": ("softmax", {"x": z(B, LQ, LK), "axis": 3}),
+    "sdpa/Dk-0": sdpa(q=z(B, H, LQ, 0), k=z(B, H, LK, 0)),
+    "sdpa/q-list": sdpa(q=z(B, H, LQ, DH).tolist()),
+    "sdpa/v-None": sdpa(v=None),
+    "sdpa/dropout_p-string": sdpa(dropout_p="0.25"),
+    "sdpa/scale-bool": sdpa(scale=True),
+    "mha/num_heads-0": mha(num_heads=0),
+    "mha/extra-param": mha(params={"w_x": z(D, D)}),
+    "layer_norm/eps-inf": ("layer_norm", {"x": z(B, LQ, D), "params": nr.init_layer_norm(D), "eps": float("inf")}),
+    "layer_norm/D-0": ("layer_norm", {"x": z(B, LQ, 0), "params": {"gamma": z(0), "beta": z(0)}}),
+    "dropout/p-string": ("dropout", {"x": z(B, LQ, D), "p": "0.25"}),
+    "padding/pad_id-None": ("padding_mask", {"tokens": np.ones((2, 3), I64), "pad_id": None}),
+    "sinusoidal/d_model-0": ("sinusoidal_encoding", {"max_len": 5, "d_model": 0}),
+    "encoder/zero-layers-config": ("encoder", {"x": z(B, LQ, D), "params": {"layers": []}, "num_heads": 3.7,
+                                               "activation": "nope", "dropout_p": 5.0}),
+    "encoder/site-of-layer-1": ("encoder", {"x": z(B, LQ, D), "params": {"layers": [layer()[1]["params"]] * 2},
+                                            "num_heads": H, "dropout_masks": [None, {"ffn": ones(B, LQ, D)}]}),
+    "encoder/dropout_masks-a-dict": ("encoder", {"x": z(B, LQ, D), "params": {"layers": [layer()[1]["params"]]},
+                                                 "num_heads": H, "dropout_masks": {"ffn": None}}),
+    "encoder_layer/norm_first-string": layer(norm_first="yes"),
 }
 
 
@@ -197,6 +219,25 @@ def test_a_traced_max_len_or_length_is_a_value_error_that_says_static():
         jax.jit(ji.padding_mask)(jnp.asarray([1, 2]), jnp.asarray(3))
     with pytest.raises(ValueError, match=r"^Lq: expected a static Python int under jax.jit"):
         jax.jit(ji.causal_mask)(jnp.asarray(3))
+
+
+def test_no_key_gives_zeros_and_finite_zero_gradients_under_jit():
+    q, k, v = jnp.ones((B, H, LQ, DH)), jnp.zeros((B, H, 0, DH)), jnp.zeros((B, H, 0, DV))
+
+    def loss(q, k, v):
+        out, weights = ji.scaled_dot_product_attention(q, k, v)
+        return out.sum(), (out, weights)
+
+    (value, (out, weights)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+    assert out.shape == (B, H, LQ, DV) and weights.shape == (B, H, LQ, 0)
+    assert float(value) == 0.0 and not np.asarray(grads[0]).any()
+
+
+def test_a_key_of_the_wrong_kind_is_a_type_error_naming_key_or_rng():
+    with pytest.raises(TypeError, match=r"^key: expected a JAX PRNG key, got int$"):
+        ji.init_feed_forward(0, D, FF)
+    with pytest.raises(TypeError, match=r"^rng: expected a JAX PRNG key or None, got int$"):
+        ji.dropout(jnp.ones(3), 0.5, rng=0)
 
 
 def test_bfloat16_counts_as_a_float_and_mixed_half_dtypes_are_refused():
