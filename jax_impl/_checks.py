@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpy_ref._contract.checks import Rules, rng_error, shape_str  # noqa: F401  (shape_str: interop)
+from numpy_ref._contract.checks import Rules, rng_error
 
 __all__ = ["kind", "rules", "float_dtype"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._contract.checks import Rules, rng_error, shape_str  # noqa: F401  (shape_str: interop)
+from ._contract.checks import Rules, rng_error
 
 __all__ = ["kind", "rules", "float_dtype"]
 

@@ -87,6 +87,15 @@ def site_masks():
             "residual_attn": keep(B, L, D), "residual_ffn": keep(B, L, D)}
 
 
+def _inf_where_dropped():
+    """x with inf, -inf and NaN where the keep-mask drops: dropout must give 0 there."""
+    x = f(B, L, D)
+    x[~_inf_where_dropped.keep] = np.resize([np.inf, -np.inf, np.nan], int((~_inf_where_dropped.keep).sum()))
+    return x
+
+
+_inf_where_dropped.keep = keep(B, L, D)
+
 #: (function, kwargs, {argument: the shape an optional mask/bias broadcasts to})
 BASE = [
     ("padding_mask", {"lengths": np.array([2, 4]), "max_len": 5}, {}),
@@ -120,6 +129,7 @@ BASE = [
     ("feed_forward", {"x": f(B, L, D), "params": ffn_params(), "activation": "gelu", "dropout_p": 0.0,
                       "dropout_mask": None}, {"dropout_mask": (B, L, F)}),
     ("dropout", {"x": f(B, L, D), "p": 0.3, "mask": keep(B, L, D)}, {}),
+    ("dropout", {"x": _inf_where_dropped(), "p": 0.5, "mask": _inf_where_dropped.keep}, {}),
     ("init_layer_norm", {"d_model": D, "dtype": Dtype("float64")}, {}),
     ("init_feed_forward", {"rng": Rng(), "d_model": D, "d_ff": F, "dtype": Dtype("float64")}, {}),
     ("encoder_layer",

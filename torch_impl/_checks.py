@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from numpy_ref import _checks as _numpy
-from numpy_ref._contract.checks import Rules, rng_error, shape_str  # noqa: F401  (shape_str: interop)
+from numpy_ref._contract.checks import Rules, rng_error
 
 __all__ = ["kind", "rules", "float_dtype", "HALF_DTYPES"]
 
