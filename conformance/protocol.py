@@ -35,6 +35,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+# the parameter-tree helpers of the three mirrors, written once (pure Python)
+from numpy_ref._contract.trees import flatten, tree_map  # noqa: F401  (flatten: part of this module's API)
+
 #: Output names per function. Functions not listed return one array, "out".
 OUTPUTS = {
     "softmax": ("out",),
@@ -148,21 +151,6 @@ class Backend:
         raise NotImplementedError
 
 
-def flatten(tree, prefix: str = "") -> dict:
-    """Nested dicts/lists of arrays -> ``{"a.b.0.c": array}``."""
-    out = {}
-    if isinstance(tree, Mapping):
-        items = tree.items()
-    elif isinstance(tree, (list, tuple)):
-        items = ((str(i), v) for i, v in enumerate(tree))
-    else:
-        return {prefix: tree}
-    for key, value in items:
-        name = f"{prefix}.{key}" if prefix else str(key)
-        out.update(flatten(value, name))
-    return out
-
-
 def get_path(tree, path: str):
     """``get_path(kwargs, "params.layers.0.ffn.w_1")``."""
     node = tree
@@ -172,13 +160,5 @@ def get_path(tree, path: str):
 
 
 def map_arrays(tree, fn):
-    """Apply ``fn`` to every numpy array leaf of a nested dict/list."""
-    if isinstance(tree, Mapping):
-        return {k: map_arrays(v, fn) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [map_arrays(v, fn) for v in tree]
-    if isinstance(tree, tuple):
-        return tuple(map_arrays(v, fn) for v in tree)
-    if isinstance(tree, np.ndarray):
-        return fn(tree)
-    return tree
+    """Apply ``fn`` to every numpy array leaf of a nested dict/list/tuple."""
+    return tree_map(lambda leaf: fn(leaf) if isinstance(leaf, np.ndarray) else leaf, tree)
