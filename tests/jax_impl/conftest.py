@@ -19,8 +19,7 @@ import pytest
 
 from numpy_ref._contract.trees import flatten, tree_map  # noqa: F401 (the test modules import them from here)
 
-B, H, DH, LQ, DV, LK, A, DQ, DK = 2, 3, 4, 5, 6, 7, 8, 9, 11
-D, FF = H * DH, 20  # 12, 20
+from ..dims import A, B, D, DH, DK, DQ, DV, FF, H, LK, LQ  # noqa: F401 (the test modules import them from here)
 
 #: configuration arguments: Python values, static under ``jax.jit``
 STATIC = {

@@ -11,13 +11,12 @@ torch = pytest.importorskip("torch")
 
 import torch_impl as ti  # noqa: E402
 
-B, H, LQ, LK, DK, DV = 2, 3, 4, 5, 6, 7
-D, F, L = 12, 20, 4
+from ..dims import B, D, DH, DV, FF, H, LK, LQ  # noqa: E402
 
 
 @pytest.fixture
 def x():
-    return torch.randn(B, L, D, dtype=torch.float64)
+    return torch.randn(B, LQ, D, dtype=torch.float64)
 
 
 def test_a_numpy_parameter_is_a_type_error_naming_both_kinds_not_a_dtype_riddle(x):
@@ -27,13 +26,13 @@ def test_a_numpy_parameter_is_a_type_error_naming_both_kinds_not_a_dtype_riddle(
 
 
 def test_a_numpy_mask_is_a_type_error_naming_both_kinds_not_a_device_riddle():
-    q, k, v = torch.randn(B, LQ, DK), torch.randn(B, LK, DK), torch.randn(B, LK, DV)
+    q, k, v = torch.randn(B, LQ, DH), torch.randn(B, LK, DH), torch.randn(B, LK, DV)
     with pytest.raises(TypeError, match=r"^mask: expected a torch\.Tensor, got numpy\.ndarray$"):
         ti.scaled_dot_product_attention(q, k, v, mask=np.ones((LQ, LK), bool))
 
 
 def test_a_numpy_layer_parameter_is_named_by_its_dotted_path(x):
-    layer = ti.init_encoder_layer(0, D, F, torch.float64)
+    layer = ti.init_encoder_layer(0, D, FF, torch.float64)
     layer["norm2"] = {"gamma": layer["norm2"]["gamma"].numpy(), "beta": layer["norm2"]["beta"]}
     with pytest.raises(TypeError, match=r"^params\.layers\.0\.norm2\.gamma: expected a torch\.Tensor"):
         ti.encoder(x, {"layers": [layer]}, H)
@@ -41,8 +40,8 @@ def test_a_numpy_layer_parameter_is_named_by_its_dotted_path(x):
 
 @pytest.mark.parametrize("need_weights", [True, False])
 def test_no_key_gives_zeros_and_zero_gradients_on_both_paths(need_weights):
-    q = torch.randn(B, H, LQ, DK, dtype=torch.float64, requires_grad=True)
-    k = torch.zeros(B, H, 0, DK, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(B, H, LQ, DH, dtype=torch.float64, requires_grad=True)
+    k = torch.zeros(B, H, 0, DH, dtype=torch.float64, requires_grad=True)
     v = torch.zeros(B, H, 0, DV, dtype=torch.float64, requires_grad=True)
     out, weights = ti.scaled_dot_product_attention(q, k, v, need_weights=need_weights)
     assert out.shape == (B, H, LQ, DV) and bool((out == 0).all())
@@ -70,9 +69,9 @@ def test_a_dropped_inf_is_zero_and_autograd_passes_it_no_nan():
     (lambda: ti.MultiHeadAttention(D, 5), ValueError, r"^num_heads: d_model=12 must be divisible by num_heads=5$"),
     (lambda: ti.MultiHeadAttention(D, H, dropout="0.1"), TypeError, r"^dropout: expected a real number, got str$"),
     (lambda: ti.LayerNorm(D, eps=0.0), ValueError, r"^eps: expected a finite positive number, got 0.0$"),
-    (lambda: ti.FeedForward(D, F, dropout=1.0), ValueError, r"^dropout: expected a probability in \[0, 1\)"),
+    (lambda: ti.FeedForward(D, FF, dropout=1.0), ValueError, r"^dropout: expected a probability in \[0, 1\)"),
     (lambda: ti.AdditiveAttention(5, 6, -1), ValueError, r"^d_attn: expected a positive integer, got -1$"),
-    (lambda: ti.init_feed_forward("seed", D, F), TypeError, r"^rng: expected a torch.Generator, an int seed or None"),
+    (lambda: ti.init_feed_forward("seed", D, FF), TypeError, r"^rng: expected a torch.Generator, an int seed or None"),
 ])
 def test_modules_and_initialisers_refuse_bad_sizes_and_numbers_when_built(make, error, message):
     with pytest.raises(error, match=message):

@@ -18,7 +18,8 @@ from torch import nn  # noqa: E402
 import torch_impl as ti  # noqa: E402
 from torch_impl import interop  # noqa: E402
 
-B, L, D, FF, H = 2, 5, 12, 20, 3
+from ..dims import B, D, FF, H, LQ as L  # noqa: E402
+
 F64 = torch.float64
 STEPS, DROPOUT = 5, 0.1
 TOL = dict(rtol=1e-10, atol=1e-12)  # float64, same math, different summation order

@@ -14,8 +14,8 @@ import torch.nn.functional as F  # noqa: E402
 from numpy_ref._contract.trees import flatten, tree_map  # noqa: E402
 from torch_impl import interop  # noqa: E402
 
-B, H, LQ, LK, DH, FF = 2, 3, 5, 7, 4, 20
-D = H * DH  # 12
+from ..dims import B, D, DH, FF, H, LK, LQ  # noqa: E402
+
 MHA_KEYS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
 FFN_KEYS = ("w_1", "b_1", "w_2", "b_2")
 

@@ -17,8 +17,7 @@ import torch_impl as ti  # noqa: E402
 
 from .conftest import flatten, to_numpy  # noqa: E402
 
-B, H, DH, LQ, LK, A, DQ, DK, MAXLEN = 2, 3, 4, 5, 7, 8, 9, 11, 13
-D, FF = H * DH, 20
+from ..dims import A, B, D, DH, DK, DQ, FF, H, LK, LQ, MAX_LEN  # noqa: E402
 MHA_KEYS = ["w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o"]
 FFN_KEYS = ["w_1", "b_1", "w_2", "b_2"]
 LN_KEYS = ["gamma", "beta"]
@@ -40,7 +39,7 @@ def modules():
         "additive": (ti.AdditiveAttention(DQ, DK, A, dtype=F64), (x(B, LQ, DQ), x(B, LK, DK))),
         "layer_norm": (ti.LayerNorm(D, dtype=F64), (x(B, LQ, D),)),
         "feed_forward": (ti.FeedForward(D, FF, "gelu", dtype=F64), (x(B, LQ, D),)),
-        "learned_pos": (ti.LearnedPositionalEmbedding(MAXLEN, D, dtype=F64), (x(B, LQ, D),)),
+        "learned_pos": (ti.LearnedPositionalEmbedding(MAX_LEN, D, dtype=F64), (x(B, LQ, D),)),
         "encoder_layer": (ti.TransformerEncoderLayer(D, H, FF, dtype=F64), (x(B, LQ, D),)),
         "encoder": (ti.TransformerEncoder(2, D, H, FF, final_norm=True, dtype=F64), (x(B, LQ, D),)),
     }
@@ -114,7 +113,7 @@ def test_from_params_takes_numpy_params_as_numpy_ref_draws_them():
     (ti.MultiHeadAttention, (D, H), ti.init_multi_head_attention, (D,)),
     (ti.AdditiveAttention, (DQ, DK, A), ti.init_additive_attention, (DQ, DK, A)),
     (ti.FeedForward, (D, FF), ti.init_feed_forward, (D, FF)),
-    (ti.LearnedPositionalEmbedding, (MAXLEN, D), ti.init_learned_positional_embedding, (MAXLEN, D)),
+    (ti.LearnedPositionalEmbedding, (MAX_LEN, D), ti.init_learned_positional_embedding, (MAX_LEN, D)),
     (ti.TransformerEncoderLayer, (D, H, FF), ti.init_encoder_layer, (D, FF)),
 ])
 def test_reset_parameters_draws_what_the_init_function_draws(cls, args, init, init_args):
@@ -167,20 +166,20 @@ def test_need_weights_false_gives_the_same_output_through_the_fused_kernel(name)
 
 
 def test_positional_encoding_keeps_the_table_in_a_non_persistent_buffer():
-    pe = ti.PositionalEncoding(D, max_len=MAXLEN)
-    assert dict(pe.named_buffers())["table"].shape == (MAXLEN, D)
+    pe = ti.PositionalEncoding(D, max_len=MAX_LEN)
+    assert dict(pe.named_buffers())["table"].shape == (MAX_LEN, D)
     assert list(pe.state_dict()) == [] and list(pe.parameters()) == []
-    torch.testing.assert_close(pe.table, ti.sinusoidal_encoding(MAXLEN, D))
+    torch.testing.assert_close(pe.table, ti.sinusoidal_encoding(MAX_LEN, D))
 
 
 def test_positional_encoding_to_dtype_moves_the_buffer_and_adds_the_table():
-    pe = ti.PositionalEncoding(D, max_len=MAXLEN).to(F64)
+    pe = ti.PositionalEncoding(D, max_len=MAX_LEN).to(F64)
     assert pe.table.dtype == F64
-    np.testing.assert_allclose(to_numpy(pe.table), nr.sinusoidal_encoding(MAXLEN, D), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(to_numpy(pe.table), nr.sinusoidal_encoding(MAX_LEN, D), rtol=0, atol=1e-15)
     x = torch.randn(B, LQ, D, dtype=F64)
     torch.testing.assert_close(pe(x), x + pe.table[:LQ], rtol=0, atol=0)
     with pytest.raises(TypeError, match=r"^table: expected dtype float64 \(the dtype of x\), got float32"):
-        ti.PositionalEncoding(D, max_len=MAXLEN)(x)  # float64 x, float32 table: no silent promotion
+        ti.PositionalEncoding(D, max_len=MAX_LEN)(x)  # float64 x, float32 table: no silent promotion
 
 
 # --------------------------------------------------------------------------
@@ -194,7 +193,7 @@ def test_dropout_is_active_in_train_and_off_in_eval(name):
         "mha": lambda: ti.MultiHeadAttention(D, H, dropout=0.5),
         "feed_forward": lambda: ti.FeedForward(D, FF, dropout=0.5),
         "encoder_layer": lambda: ti.TransformerEncoderLayer(D, H, FF, dropout=0.5),
-        "positional": lambda: ti.PositionalEncoding(D, max_len=MAXLEN, dropout=0.5),
+        "positional": lambda: ti.PositionalEncoding(D, max_len=MAX_LEN, dropout=0.5),
     }[name]()
     module.train()
     a, b = first(module(x)), first(module(x))

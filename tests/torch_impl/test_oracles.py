@@ -27,8 +27,8 @@ import torch_impl as ti  # noqa: E402
 from numpy_ref._contract.trees import flatten, tree_map  # noqa: E402
 from torch_impl import interop  # noqa: E402
 
-B, H, LQ, LK, DH, DV, FF = 2, 3, 5, 7, 4, 6, 20
-D = H * DH  # 12
+from ..dims import B, D, DH, DV, FF, H, LK, LQ  # noqa: E402
+
 H_EVEN = 4  # D / 4 = 3 = Dh for the fast-path tests
 F64 = torch.float64
 
