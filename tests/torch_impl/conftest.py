@@ -1,5 +1,7 @@
-"""Shared pieces of the torch_impl tests: numpy <-> torch trees and an
-autograd vector-Jacobian product shaped like numpy_ref's ``*_backward``.
+"""Shared pieces of the torch_impl tests: the catalog's inputs, numpy <->
+torch trees and an autograd vector-Jacobian product shaped like numpy_ref's
+``*_backward``. Cases and tolerances come from ``conformance`` (one catalog,
+one table), dimension sizes from ``tests/dims.py``.
 
 The test modules do ``torch = pytest.importorskip("torch")`` themselves; this
 file imports torch lazily so that a numpy-only install still collects (and
@@ -12,7 +14,19 @@ import zlib
 import numpy as np
 import pytest
 
+from conformance.cases import CASES_BY_NAME
+from conformance.tolerances import tolerance
 from numpy_ref._contract.trees import flatten, tree_map  # noqa: F401 (the test modules import them from here)
+
+#: float64 on both sides: the published table's float64 row (summation order only)
+F64_OUT = dict(zip(("rtol", "atol"), tolerance("float64", "out")))
+F64_GRAD = dict(zip(("rtol", "atol"), tolerance("float64", "grad")))
+
+
+def catalog(name):
+    """A fresh copy of the numpy kwargs of the catalog case ``name`` (float64,
+    bool masks), for tests that need one well-formed call to start from."""
+    return CASES_BY_NAME[name].call().kwargs
 
 
 @pytest.fixture

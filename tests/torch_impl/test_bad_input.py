@@ -1,17 +1,33 @@
 """torch_impl's side of the bad-input contract (SPEC 3.16): what only a
 torch mirror can get wrong (a numpy array where a tensor goes, the fused
 kernel with no key, autograd through a dropped inf), and the modules' own
-arguments. The rules shared with numpy_ref and jax_impl are compared on
-generated calls in ``tests/test_bad_input_parity.py``.
+arguments; then hand-picked bad calls that must raise numpy_ref's exact type
+and message, float masks, dtype kinds and devices. The rules shared with
+numpy_ref and jax_impl are compared on generated calls in
+``tests/test_bad_input_parity.py``, the catalog's error cases in
+tests/conformance.
 """
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+import numpy_ref as nr  # noqa: E402
 import torch_impl as ti  # noqa: E402
+from torch_impl import _checks  # noqa: E402
 
-from ..dims import B, D, DH, DV, FF, H, LK, LQ  # noqa: E402
+from ..dims import A, B, D, DH, DK, DQ, DV, FF, H, LK, LQ  # noqa: E402
+from .conftest import catalog, to_torch  # noqa: E402
+
+SDPA, MHA = "scaled_dot_product_attention", "multi_head_attention"
+
+
+def n(rng, *shape):
+    return rng.normal(size=shape)
+
+
+def causal(Lq, Lk):
+    return np.tril(np.ones((Lq, Lk), bool))
 
 
 @pytest.fixture
@@ -76,3 +92,106 @@ def test_a_dropped_inf_is_zero_and_autograd_passes_it_no_nan():
 def test_modules_and_initialisers_refuse_bad_sizes_and_numbers_when_built(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+# --------------------------------------------------------------------------
+# bad input: the same exception type and message as numpy_ref
+
+
+def _bad_calls(rng):
+    """id -> (function, numpy kwargs); torch gets the same arrays as tensors."""
+    ok = catalog("sdpa/cross/causal")
+    mha = catalog("mha/cross/none")
+    return {
+        "sdpa-float-mask": (SDPA, {**ok, "mask": ok["mask"].astype(float)}),
+        "sdpa-k-width": (SDPA, {**ok, "k": n(rng, B, H, LK, DH + 1)}),
+        "sdpa-v-length": (SDPA, {**ok, "v": n(rng, B, H, LK - 1, DV)}),
+        "sdpa-rank5": (SDPA, {**ok, "q": n(rng, 1, B, H, LQ, DH)}),
+        "sdpa-mask-rank": (SDPA, {**ok, "mask": np.ones((1, B, H, LQ, LK), bool)}),
+        "sdpa-mixed-dtypes": (SDPA, {**ok, "v": ok["v"].astype(np.float32)}),
+        "sdpa-int-q": (SDPA, {**ok, "q": np.ones((B, H, LQ, DH), np.int64)}),
+        "sdpa-p-one": (SDPA, {**ok, "dropout_p": 1.0}),
+        "sdpa-dropout-mask-shape": (SDPA, {**ok, "dropout_p": 0.1,
+                                           "dropout_mask": np.ones((B, H, LQ, LQ), bool)}),
+        "softmax-float-mask": ("softmax", {"x": n(rng, B, LK), "mask": np.ones((B, LK))}),
+        "mha-heads": (MHA, {**mha, "num_heads": 5}),
+        "mha-missing-param": (MHA, {**mha, "params": {k: v for k, v in mha["params"].items()
+                                                      if k != "b_o"}}),
+        "mha-key-width": (MHA, {**mha, "key": n(rng, B, LK, D + 1)}),
+        "mha-bias-shape": (MHA, {**mha, "bias": n(rng, B, H, LQ, LK + 1)}),
+        "additive-keys-batch": ("additive_attention", {
+            "query": n(rng, B, LQ, DQ), "keys": n(rng, B + 1, LK, DK),
+            "params": nr.init_additive_attention(rng, DQ, DK, A)}),
+        "layer_norm-gamma": ("layer_norm", {"x": n(rng, B, LQ, D),
+                                            "params": {"gamma": n(rng, D + 1), "beta": n(rng, D)}}),
+        "feed_forward-activation": ("feed_forward", {"x": n(rng, B, LQ, D),
+                                                     "params": nr.init_feed_forward(rng, D, FF),
+                                                     "activation": "tanh"}),
+        "dropout-mask-shape": ("dropout", {"x": n(rng, B, LQ, D), "p": 0.2,
+                                           "mask": np.ones((B, LQ), bool)}),
+        "encoder_layer-unknown-site": ("encoder_layer", {**catalog("encoder_layer/post/relu"),
+                                                         "dropout_masks": {"attn": None}}),
+        "encoder-masks-per-layer": ("encoder", {**catalog("encoder/post/final-norm"), "dropout_masks": [None]}),
+        "positional-too-long": ("add_positional_encoding", {"x": n(rng, B, 10, D),
+                                                            "table": n(rng, 9, D)}),
+        "padding-float-lengths": ("padding_mask", {"lengths": np.array([2.0, 3.0])}),
+        "combine-incompatible": ("combine_masks", {}),
+    }
+
+
+BAD_IDS = sorted(_bad_calls(np.random.default_rng(0)))
+
+
+def _raised(fn):
+    try:
+        fn()
+    except Exception as exc:  # the point is to compare what came out
+        return type(exc), str(exc)
+    return None
+
+
+@pytest.mark.parametrize("case", BAD_IDS)
+def test_bad_input_raises_the_same_type_and_message_as_numpy_ref(case, rng):
+    function, kwargs = _bad_calls(rng)[case]
+    if function == "combine_masks":
+        want = _raised(lambda: nr.combine_masks(causal(LQ, LK), causal(LQ, LK - 1)))
+        got = _raised(lambda: ti.combine_masks(torch.from_numpy(causal(LQ, LK)),
+                                               torch.from_numpy(causal(LQ, LK - 1))))
+    else:
+        want = _raised(lambda: getattr(nr, function)(**kwargs))
+        got = _raised(lambda: getattr(ti, function)(**to_torch(kwargs)))
+    assert want is not None and want[0] in (ValueError, TypeError)
+    assert got == want
+
+
+@pytest.mark.parametrize("function", ["softmax", SDPA, MHA, "combine_masks"])
+def test_a_float_mask_is_a_type_error_never_a_cast(function, rng):
+    fmask = torch.ones(LQ, LK, dtype=torch.float64)
+    calls = {
+        "softmax": lambda: ti.softmax(torch.randn(B, LQ, LK), mask=fmask),
+        SDPA: lambda: ti.scaled_dot_product_attention(**{**to_torch(catalog("sdpa/cross/none")), "mask": fmask},
+                                                     need_weights=False),
+        MHA: lambda: ti.multi_head_attention(**{**to_torch(catalog("mha/cross/none")), "mask": fmask}),
+        "combine_masks": lambda: ti.combine_masks(torch.from_numpy(causal(LQ, LK)), fmask),
+    }
+    with pytest.raises(TypeError, match=r"^(mask|masks\[1\]): expected a boolean array"):
+        calls[function]()
+
+
+def test_kind_names_torch_dtypes_like_numpy_kinds():
+    kinds = {torch.float16: "float", torch.bfloat16: "float", torch.float64: "float",
+             torch.bool: "bool", torch.int32: "int", torch.uint8: "int",
+             torch.complex64: "other"}
+    for dtype, want in kinds.items():
+        assert _checks.kind(torch.zeros(2, dtype=dtype)) == want
+
+
+def test_a_mask_on_another_device_is_a_value_error_naming_the_mask_and_both_devices():
+    q, k, v = torch.randn(B, LQ, DH), torch.randn(B, LK, DH), torch.randn(B, LK, DV)
+    mask = torch.ones(LQ, LK, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError) as info:
+        ti.scaled_dot_product_attention(q, k, v, mask=mask)
+    assert str(info.value) == ("mask: expected a tensor on device cpu (the device of q), "
+                               "got device meta")
+    with pytest.raises(ValueError, match="^mask: .* device cpu .* device meta"):
+        _checks._check_same_device(mask, "mask", q, "q")

@@ -1,0 +1,85 @@
+"""torch_impl paired with numpy_ref over the conformance catalog, by name.
+
+tests/conformance already runs every catalog case through the ``torch`` and
+``torch-fused`` adapters in float64, float32 and bfloat16 against the fixtures
+(which numpy_ref regenerates exactly, tests/conformance/test_fixtures.py):
+outputs and every gradient, with the published tolerance table. What the
+adapters cannot see, checked here on the same cases:
+
+- the masks and tables are *exactly* numpy_ref's (the adapter compares them
+  with the float tolerance);
+- outputs and gradients keep the dtype they were given (the adapter hands
+  back float64 whatever torch returned);
+- the fused path (``need_weights=False``) returns ``None`` for the weights
+  (the adapter drops a ``None`` output, so a fused path that returned the
+  weights anyway would pass there).
+"""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch_impl as ti  # noqa: E402
+from conformance.cases import CASES  # noqa: E402
+from conformance.invoke import name_outputs, numpy_forward, split_args  # noqa: E402
+from conformance.protocol import get_path  # noqa: E402
+
+from .conftest import to_numpy, to_torch  # noqa: E402
+
+VALUES = [c for c in CASES if c.error is None]
+#: functions whose result is a mask or a table: no arithmetic to round
+EXACT = ("padding_mask", "causal_mask", "combine_masks", "mask_to_bias", "sinusoidal_encoding")
+#: functions with a fused path (``need_weights=False``)
+FUSED = ("scaled_dot_product_attention", "multi_head_attention", "encoder_layer", "encoder")
+WITH_WEIGHTS = ("scaled_dot_product_attention", "multi_head_attention")
+
+
+def _call(case, dtype, **extra):
+    """``torch_impl.<function>`` on the case's inputs in ``dtype``; the named
+    outputs and the leaves named in ``wrt`` (with ``requires_grad``)."""
+    call = case.call()
+    kwargs = to_torch(call.kwargs, dtype)
+    if "dtype" in kwargs:  # the catalog's "float64" -> the dtype under test
+        kwargs["dtype"] = dtype
+    leaves = [get_path(kwargs, name) for name in call.wrt]
+    for leaf in leaves:
+        leaf.requires_grad_(True)
+    args, kw = split_args(call.function, kwargs)
+    outputs = name_outputs(call.function, getattr(ti, call.function)(*args, **kw, **extra))
+    return call, outputs, leaves
+
+
+@pytest.mark.parametrize("case", [c for c in VALUES if c.function in EXACT], ids=lambda c: c.name)
+def test_masks_and_tables_equal_numpy_ref_exactly(case):
+    call, outputs, _ = _call(case, torch.float64)
+    want = numpy_forward(call.function, call.kwargs)
+    for name, got in outputs.items():
+        assert got.dtype == (torch.bool if want[name].dtype == bool else torch.float64)
+        np.testing.assert_array_equal(to_numpy(got), want[name], err_msg=name)
+
+
+def _dtype_params():
+    params = []
+    for case in VALUES:
+        for path in ("math", "fused") if case.function in FUSED else ("math",):
+            for dtype in (torch.float32, torch.bfloat16):
+                params.append(pytest.param(case, path, dtype, id=f"{path}-{str(dtype)[6:]}-{case.name}"))
+    return params
+
+
+@pytest.mark.parametrize(("case", "path", "dtype"), _dtype_params())
+def test_outputs_and_gradients_keep_the_input_dtype_and_fused_returns_no_weights(case, path, dtype):
+    call, outputs, leaves = _call(case, dtype, **({"need_weights": False} if path == "fused" else {}))
+    if path == "fused" and case.function in WITH_WEIGHTS:
+        assert outputs["weights"] is None
+    outputs = {k: v for k, v in outputs.items() if v is not None}
+    for name, out in outputs.items():
+        assert out.dtype in (dtype, torch.bool), f"{name}: {out.dtype}"
+    if not leaves:
+        return
+    loss = sum((out.float() * torch.as_tensor(call.cotangents[name]).float()).sum()
+               for name, out in outputs.items())
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    for name, leaf, grad in zip(call.wrt, leaves, grads):
+        if grad is not None:
+            assert grad.dtype == dtype and grad.shape == leaf.shape, f"{name}: {grad.dtype} {tuple(grad.shape)}"
