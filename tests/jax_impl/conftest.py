@@ -2,13 +2,11 @@
 shaped like numpy_ref's ``*_backward``, and the static arguments of every
 public function (for ``jax.jit(f, static_argnames=...)``).
 
-float64 is switched on for the whole session by ``tests/conftest.py``, never
-by ``jax_impl`` itself. The test modules ``pytest.importorskip("jax")``
-themselves; this file imports JAX lazily so a numpy-only install still
-collects (and skips) them.
-
-Every dimension has its own size: B=2, H=3, Dh=4, Lq=5, Dv=6, Lk=7, A=8,
-Dq=9, Dk=11, D=12, F=20.
+Cases and tolerances come from ``conformance`` (one catalog, one table),
+dimension sizes from ``tests/dims.py``. float64 is switched on for the whole
+session by ``tests/conftest.py``, never by ``jax_impl`` itself. The test
+modules ``pytest.importorskip("jax")`` themselves; this file imports JAX
+lazily so a numpy-only install still collects (and skips) them.
 """
 from __future__ import annotations
 
@@ -17,9 +15,18 @@ import zlib
 import numpy as np
 import pytest
 
+from conformance.cases import CASES_BY_NAME
+from conformance.tolerances import tolerance
 from numpy_ref._contract.trees import flatten, tree_map  # noqa: F401 (the test modules import them from here)
 
-from ..dims import A, B, D, DH, DK, DQ, DV, FF, H, LK, LQ  # noqa: F401 (the test modules import them from here)
+#: float64 on both sides: the published table's float64 row (summation order only)
+F64_OUT = dict(zip(("rtol", "atol"), tolerance("float64", "out")))
+
+
+def catalog(name):
+    """A fresh copy of the numpy kwargs of the catalog case ``name`` (float64,
+    bool masks), for tests that need one well-formed call to start from."""
+    return CASES_BY_NAME[name].call().kwargs
 
 #: configuration arguments: Python values, static under ``jax.jit``
 STATIC = {

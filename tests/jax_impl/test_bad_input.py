@@ -17,7 +17,8 @@ import jax.numpy as jnp  # noqa: E402
 import jax_impl as ji  # noqa: E402
 import numpy_ref as nr  # noqa: E402
 
-from .conftest import B, D, DH, DK, DQ, DV, FF, H, LK, LQ, A, STATIC, jitted, to_jax  # noqa: E402
+from ..dims import A, B, D, DH, DK, DQ, DV, FF, H, LK, LQ  # noqa: E402
+from .conftest import STATIC, jitted, to_jax  # noqa: E402
 
 F32, I64 = np.float32, np.int64
 R = np.random.default_rng(0)

@@ -16,7 +16,7 @@ from conformance.backends.jax_backend import JaxBackend, _jitted  # noqa: E402
 from conformance.invoke import numpy_backward  # noqa: E402
 from conformance.protocol import Call  # noqa: E402
 
-from .conftest import B, DH, DV, H, LK, LQ  # noqa: E402
+from ..dims import B, DH, DV, H, LK, LQ  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ import numpy_ref as nr  # noqa: E402
 from jax_impl import interop  # noqa: E402
 from numpy_ref import interop as nr_interop  # noqa: E402
 
-from .conftest import B, D, DH, FF, H, LK, LQ, flatten, to_jax  # noqa: E402
+from ..dims import B, D, DH, FF, H, LK, LQ  # noqa: E402
+from .conftest import flatten, to_jax  # noqa: E402
 
 TORCH_LAYER_KEYS = {
     "self_attn.in_proj_weight": (3 * D, D), "self_attn.in_proj_bias": (3 * D,),

@@ -18,7 +18,8 @@ import numpy_ref as nr  # noqa: E402
 from jax_impl import interop  # noqa: E402
 from numpy_ref import interop as nr_interop  # noqa: E402
 
-from .conftest import B, D, DH, DK, DQ, DV, FF, H, LK, LQ, A, STATIC, jitted, to_jax, to_numpy  # noqa: E402
+from ..dims import A, B, D, DH, DK, DQ, DV, FF, H, LK, LQ  # noqa: E402
+from .conftest import STATIC, jitted, to_jax, to_numpy  # noqa: E402
 
 TOL = dict(rtol=1e-12, atol=1e-13)  # the same float64 program, fused or not
 TOL32 = dict(rtol=1e-6, atol=1e-7)  # the float32 initialisers: one ulp from fusion

@@ -30,7 +30,7 @@ import jax_impl as ji  # noqa: E402
 import numpy_ref as nr  # noqa: E402
 from jax_impl.interop import heads_from_blhd, heads_to_blhd  # noqa: E402
 
-from .conftest import B, DH, H, LK, LQ  # noqa: E402
+from ..dims import B, DH, H, LK, LQ  # noqa: E402
 
 # jax.nn.dot_product_attention computes its softmax in float32 even for
 # float64 inputs (``padded_logits.astype(np.float32)`` in jax/_src/nn/functions.py),

@@ -1,11 +1,9 @@
-"""jax_impl functions against numpy_ref, paired by name.
+"""jax_impl's edges, hand-built: the properties JAX makes easy to get wrong.
 
-Each case runs ``numpy_ref.<f>`` and ``numpy_ref.<f>_backward`` and
-``jax_impl.<f>`` under ``jax.vjp`` on the same float64 inputs and the same
-random cotangents (for ``out`` and, where returned, ``weights``); outputs and
-every gradient must agree. Then the properties JAX makes easy to get wrong:
-fully masked rows and ``-inf`` scores with zero, finite gradients, dropout
+Fully masked rows and ``-inf`` scores with zero, finite gradients, dropout
 from a PRNG key, half precision computed in float32, and the initialisers.
+The paired comparison with numpy_ref over the catalog is in test_paired.py
+and tests/conformance (every catalog case, under jit, in every dtype).
 """
 import importlib
 
@@ -19,145 +17,18 @@ import jax_impl as ji  # noqa: E402
 from conformance.tolerances import tolerance  # noqa: E402
 import numpy_ref as nr  # noqa: E402
 
-from .conftest import B, D, DH, DK, DQ, DV, FF, H, LK, LQ, A, flatten, jax_vjp, jitted, to_jax  # noqa: E402
-
-TOL = dict(rtol=1e-9, atol=1e-11)  # float64 on both sides: summation order only
-SDPA, MHA = "scaled_dot_product_attention", "multi_head_attention"
+from ..dims import A, B, D, DH, DK, DQ, DV, FF, H, LK, LQ  # noqa: E402
+from .conftest import F64_OUT, catalog, flatten, jax_vjp, jitted, to_jax  # noqa: E402
 
 
-def padding(lengths, Lk=LK):
-    """(B, 1, 1, Lk): True for the first ``lengths[b]`` keys (plain numpy)."""
-    return (np.arange(Lk) < np.asarray(lengths)[:, None])[:, None, None, :]
-
-
-def causal(Lq=LQ, Lk=LK):
-    return np.tril(np.ones((Lq, Lk), bool))
-
-
-def fully_masked(Lq=LQ, Lk=LK):
-    """(B, 1, Lq, Lk): batch 0 sees no key at all; batch 1 loses query row 2."""
-    m = padding([0, Lk - 2], Lk) & causal(Lq, Lk)
-    m[1, :, 2, :] = False
-    return m
-
-
-def keep(rng, shape, p):
-    return rng.random(shape) >= p
+def fully_masked():
+    """The catalog's (B, 1, Lq, Lk) mask: batch 0 sees no key at all; batch 1
+    loses query row 2."""
+    return catalog("sdpa/cross/fully-masked")["mask"]
 
 
 def n(rng, *shape, scale=1.0):
     return rng.normal(size=shape) * scale
-
-
-def ln_params(rng):
-    return {"gamma": 1 + 0.1 * n(rng, D), "beta": 0.1 * n(rng, D)}
-
-
-def mha_params(rng):
-    params = nr.init_multi_head_attention(rng, D)
-    for name in ("b_q", "b_k", "b_v", "b_o"):  # non-zero so their gradients matter
-        params[name] = n(rng, D, scale=0.1)
-    return params
-
-
-def layer_params(rng):
-    return {"self_attn": mha_params(rng), "ffn": nr.init_feed_forward(rng, D, FF),
-            "norm1": ln_params(rng), "norm2": ln_params(rng)}
-
-
-# --------------------------------------------------------------------------
-# the paired catalog: id -> (function, build(rng) -> kwargs)
-
-
-def _softmax(rng, mask=None, axis=-1, scale=1.0, neg_inf=False):
-    x = n(rng, B, H, LQ, LK, scale=scale)
-    if neg_inf:
-        x[0, 1, 2, [1, 4]] = -np.inf
-        x[1, 0, 3, :] = -np.inf  # a whole -inf row
-    return {"x": x, "axis": axis, "mask": mask}
-
-
-def _sdpa(rng, mask=None, bias=None, rank=4, dropout_p=0.0, scale=None):
-    batch = (B, H) if rank == 4 else (B,)
-    return {
-        "q": n(rng, *batch, LQ, DH), "k": n(rng, *batch, LK, DH), "v": n(rng, *batch, LK, DV),
-        "mask": mask, "bias": bias, "scale": scale, "dropout_p": dropout_p,
-        "dropout_mask": keep(rng, (*batch, LQ, LK), dropout_p) if dropout_p else None,
-    }
-
-
-def _additive(rng, mask=None):
-    return {"query": n(rng, B, LQ, DQ), "keys": n(rng, B, LK, DK),
-            "params": nr.init_additive_attention(rng, DQ, DK, A), "mask": mask}
-
-
-def _mha(rng, Lk=LK, mask=None, bias=None, dropout_p=0.0):
-    return {
-        "query": n(rng, B, LQ, D), "key": n(rng, B, Lk, D), "value": n(rng, B, Lk, D),
-        "params": mha_params(rng), "num_heads": H, "mask": mask, "bias": bias,
-        "dropout_p": dropout_p,
-        "dropout_mask": keep(rng, (B, H, LQ, Lk), dropout_p) if dropout_p else None,
-    }
-
-
-def _layer(rng, norm_first=False, activation="relu", mask=None, dropout_p=0.0):
-    masks = None
-    if dropout_p:
-        masks = {"attention": keep(rng, (B, H, LQ, LQ), dropout_p),
-                 "ffn": keep(rng, (B, LQ, FF), dropout_p),
-                 "residual_attn": keep(rng, (B, LQ, D), dropout_p),
-                 "residual_ffn": keep(rng, (B, LQ, D), dropout_p)}
-    return {"x": n(rng, B, LQ, D), "params": layer_params(rng), "num_heads": H, "mask": mask,
-            "norm_first": norm_first, "activation": activation, "dropout_p": dropout_p,
-            "dropout_masks": masks}
-
-
-def _encoder(rng, norm_first=False, final_norm=True, mask=None):
-    params = {"layers": [layer_params(rng) for _ in range(2)]}
-    if final_norm:
-        params["norm"] = ln_params(rng)
-    return {"x": n(rng, B, LQ, D), "params": params, "num_heads": H, "mask": mask,
-            "norm_first": norm_first}
-
-
-CASES = {  # one or two per module, the edges; tests/conformance runs the whole catalog under jit
-    "softmax/neg-inf": ("softmax", lambda r: _softmax(r, neg_inf=True)),
-    "sdpa/mask_to_bias": (SDPA, lambda r: _sdpa(r, bias=np.where(fully_masked(), 0.0, -np.inf))),
-    "sdpa/rank3+bias+scale+dropout": (SDPA, lambda r: _sdpa(r, rank=3, bias=n(r, B, LQ, LK), scale=0.3,
-                                                            dropout_p=0.3)),
-    "additive/padding-with-head-axis": ("additive_attention", lambda r: _additive(r, padding([4, 7]))),
-    "mha/fully-masked+bias": (MHA, lambda r: _mha(r, mask=fully_masked(), bias=n(r, B, H, LQ, LK))),
-    "add_positional_encoding": ("add_positional_encoding",
-                                lambda r: {"x": n(r, B, LQ, D), "table": n(r, LK, D)}),
-    "linear/rank4": ("linear", lambda r: {"x": n(r, B, H, LQ, DQ), "w": n(r, DQ, DK), "b": n(r, DK)}),
-    "layer_norm": ("layer_norm", lambda r: {"x": 3 * n(r, B, LQ, D) + 1, "params": ln_params(r)}),
-    "feed_forward/gelu+dropout": ("feed_forward", lambda r: {
-        "x": n(r, B, LQ, D), "params": nr.init_feed_forward(r, D, FF), "activation": "gelu",
-        "dropout_p": 0.2, "dropout_mask": keep(r, (B, LQ, FF), 0.2)}),
-    "dropout": ("dropout", lambda r: {"x": n(r, B, LQ, D), "p": 0.4, "mask": keep(r, (B, LQ, D), 0.4)}),
-    "encoder_layer/pre/gelu/dropout": ("encoder_layer", lambda r: _layer(
-        r, norm_first=True, activation="gelu", mask=causal(LQ, LQ), dropout_p=0.2)),
-    "encoder/post/final-norm": ("encoder", lambda r: _encoder(r, mask=padding([3, 5], LQ))),
-}
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_forward_and_vjp_match_numpy_ref_forward_and_backward(case, rng):
-    function, build = CASES[case]
-    kwargs = build(rng)
-    want = getattr(nr, function)(**kwargs)
-    pair = isinstance(want, tuple)
-    cotangents = tuple(rng.normal(size=w.shape) for w in want) if pair else rng.normal(size=want.shape)
-    want_grads = flatten(getattr(nr, function + "_backward")(cotangents, **kwargs))
-
-    got, got_grads = jax_vjp(getattr(ji, function), kwargs, cotangents)
-
-    for g, w in zip(got if pair else (got,), want if pair else (want,)):
-        np.testing.assert_allclose(g, w, **TOL)
-    assert set(got_grads) == set(want_grads)
-    for name, w in want_grads.items():
-        np.testing.assert_allclose(got_grads[name], w, **TOL, err_msg=name)
-
 
 # --------------------------------------------------------------------------
 # fully masked rows and -inf scores: zero output, zero and finite gradients
@@ -199,7 +70,7 @@ def test_softmax_of_scores_near_1e4_is_one_hot_with_a_finite_gradient(rng):
 
 def test_mask_and_its_minus_inf_bias_give_identical_outputs_and_gradients(rng):
     m = fully_masked()
-    kwargs = _sdpa(rng)
+    kwargs = catalog("sdpa/cross/none")
     cot = (n(rng, B, H, LQ, DV), n(rng, B, H, LQ, LK))
     wrt = ["q", "k", "v"]
     with_mask = jax_vjp(ji.scaled_dot_product_attention, {**kwargs, "mask": m}, cot, wrt)
@@ -240,8 +111,10 @@ def test_dropout_p_positive_without_key_or_mask_is_a_value_error(call):
         call()
 
 
-def test_encoder_draws_from_one_key_reproducibly_and_a_different_mask_per_layer(rng):
-    kwargs = to_jax(_encoder(rng, final_norm=False))
+def test_encoder_draws_from_one_key_reproducibly_and_a_different_mask_per_layer():
+    kwargs = catalog("encoder/post/no-final-norm")
+    del kwargs["dropout_p"], kwargs["dropout_masks"]
+    kwargs = to_jax(kwargs)
     kwargs["params"]["layers"][1] = kwargs["params"]["layers"][0]  # identical but for their keys
     encoder = jitted("encoder")
     a, b, c = (encoder(**kwargs, dropout_p=0.3, rng=jax.random.key(s)) for s in (7, 7, 8))
@@ -252,14 +125,14 @@ def test_encoder_draws_from_one_key_reproducibly_and_a_different_mask_per_layer(
     h = kwargs["x"]
     for key in keys:
         h = jitted("encoder_layer")(h, layer, num_heads=H, mask=kwargs["mask"], dropout_p=0.3, rng=key)
-    np.testing.assert_allclose(np.asarray(a), np.asarray(h), **TOL)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(h), **F64_OUT)
 
 
-def test_explicit_masks_win_over_the_key(rng):
-    kwargs = _layer(rng, dropout_p=0.3)
+def test_explicit_masks_win_over_the_key():
+    kwargs = catalog("encoder_layer/post/dropout")
     want = nr.encoder_layer(**kwargs)
     got = jitted("encoder_layer")(**to_jax(kwargs), rng=jax.random.key(0))
-    np.testing.assert_allclose(np.asarray(got), want, **TOL)
+    np.testing.assert_allclose(np.asarray(got), want, **F64_OUT)
 
 
 # --------------------------------------------------------------------------
@@ -294,8 +167,8 @@ def test_float16_scores_beyond_65504_stay_finite():
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_encoder_layer_keeps_its_dtype_and_tracks_float64(dtype, rng):
-    kwargs = _layer(rng, mask=padding([3, 5], LQ))
+def test_half_precision_encoder_layer_keeps_its_dtype_and_tracks_float64(dtype):
+    kwargs = catalog("encoder_layer/post/relu")  # a padding mask
     out = jitted("encoder_layer")(**to_jax(kwargs, jnp.dtype(dtype)))
     assert out.dtype == jnp.dtype(dtype)
     rtol, atol = tolerance(dtype, "out")  # the published conformance table
