@@ -247,3 +247,15 @@ def test_bfloat16_counts_as_a_float_and_mixed_half_dtypes_are_refused():
     assert out.dtype == jnp.bfloat16
     with pytest.raises(TypeError, match=r"^k: expected dtype bfloat16 \(the dtype of q\), got float16"):
         ji.scaled_dot_product_attention(q, q.astype(jnp.float16), q)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: ji.dropout(np.ones((B, D)), 0.1),
+    lambda: ji.scaled_dot_product_attention(np.ones((B, LQ, DH)), np.ones((B, LK, DH)),
+                                            np.ones((B, LK, DV)), dropout_p=0.1),
+    lambda: ji.feed_forward(np.ones((B, LQ, D)), nr.init_feed_forward(np.random.default_rng(0), D, FF),
+                            dropout_p=0.1),
+], ids=["dropout", "sdpa", "feed_forward"])
+def test_dropout_p_positive_without_key_or_mask_is_a_value_error(call):
+    with pytest.raises(ValueError, match=r"^rng: expected a JAX PRNG key"):
+        call()

@@ -99,18 +99,6 @@ def test_dropout_p0_returns_x_itself_and_needs_no_key():
     assert ji.dropout(x, 0.0) is x
 
 
-@pytest.mark.parametrize("call", [
-    lambda: ji.dropout(np.ones((B, D)), 0.1),
-    lambda: ji.scaled_dot_product_attention(np.ones((B, LQ, DH)), np.ones((B, LK, DH)),
-                                            np.ones((B, LK, DV)), dropout_p=0.1),
-    lambda: ji.feed_forward(np.ones((B, LQ, D)), nr.init_feed_forward(np.random.default_rng(0), D, FF),
-                            dropout_p=0.1),
-], ids=["dropout", "sdpa", "feed_forward"])
-def test_dropout_p_positive_without_key_or_mask_is_a_value_error(call):
-    with pytest.raises(ValueError, match=r"^rng: expected a JAX PRNG key"):
-        call()
-
-
 def test_encoder_draws_from_one_key_reproducibly_and_a_different_mask_per_layer():
     kwargs = catalog("encoder/post/no-final-norm")
     del kwargs["dropout_p"], kwargs["dropout_masks"]

@@ -195,3 +195,8 @@ def test_a_mask_on_another_device_is_a_value_error_naming_the_mask_and_both_devi
                                "got device meta")
     with pytest.raises(ValueError, match="^mask: .* device cpu .* device meta"):
         _checks._check_same_device(mask, "mask", q, "q")
+
+
+def test_rng_of_the_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match="^rng: expected a torch.Generator"):
+        ti.init_multi_head_attention(np.random.default_rng(0), D)

@@ -8,7 +8,6 @@ tests/conformance; bad input in test_bad_input.py.
 """
 import math
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -249,8 +248,3 @@ def test_init_additive_attention_and_feed_forward_bounds():
     f = ti.init_feed_forward(0, D, FF, dtype=torch.float64)
     assert f["w_1"].abs().max() <= 1 / math.sqrt(D) and f["b_2"].abs().max() <= 1 / math.sqrt(FF)
     assert ti.init_learned_positional_embedding(0, 9, D)["table"].std() < 0.04
-
-
-def test_rng_of_the_wrong_type_is_a_type_error():
-    with pytest.raises(TypeError, match="^rng: expected a torch.Generator"):
-        ti.init_multi_head_attention(np.random.default_rng(0), D)
