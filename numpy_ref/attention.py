@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from ._checks import _generator, float_dtype, rules
+from .layers import _dropout, _keep_mask, _upcast, linear_backward
 
 __all__ = [
     "softmax",
@@ -130,12 +131,8 @@ def scaled_dot_product_attention(
     """
     rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask)  # SPEC 3.6
     scale = _scale(q, scale)
-    # scores and softmax in float32 for float16 inputs, weights rounded once
-    scores = _upcast(q) @ np.swapaxes(_upcast(k), -1, -2) * scale  # (*batch, Lq, Lk)
-    if bias is not None:
-        scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
-    weights = _masked_softmax(scores, mask, -1).astype(q.dtype, copy=False)  # (*batch, Lq, Lk)
-    keep = _keep_mask(dropout_p, dropout_mask, rng, weights.shape)
+    weights = _attention_probs(q, k, mask, bias, scale).astype(q.dtype, copy=False)  # (*batch, Lq, Lk)
+    keep = _keep_mask(dropout_p, dropout_mask, rng, weights.shape)  # (*batch, Lq, Lk) or None
     dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
     return dropped @ v, weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
 
@@ -169,13 +166,24 @@ def scaled_dot_product_attention_backward(
         ((*batch, "Lq", "Lk"), scores_shape),
     )
     scale = _scale(q, scale)
+    p = _attention_probs(q, k, mask, bias, scale)  # (*batch, Lq, Lk), float32 for float16 inputs
+    keep = _keep_mask(dropout_p, dropout_mask, None, p.shape)  # the forward's, or None
+    dropped = _dropout(p.astype(q.dtype, copy=False), keep, dropout_p)  # (*batch, Lq, Lk)
+    return _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped)
+
+
+def _attention_probs(q, k, mask, bias, scale):
+    """``p = softmax(q kᵀ * scale + bias, mask)``, in float32 for float16 inputs
+    (the caller rounds it once)."""
     scores = _upcast(q) @ np.swapaxes(_upcast(k), -1, -2) * scale  # (*batch, Lq, Lk)
     if bias is not None:
         scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
-    p = _masked_softmax(scores, mask, -1)  # (*batch, Lq, Lk), float32 for float16 inputs
-    keep = _keep_mask(dropout_p, dropout_mask, None, p.shape)
-    dropped = _dropout(p.astype(q.dtype, copy=False), keep, dropout_p)  # (*batch, Lq, Lk)
+    return _masked_softmax(scores, mask, -1)  # (*batch, Lq, Lk)
 
+
+def _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped):
+    """The chain rule of :func:`scaled_dot_product_attention_backward`, given the
+    forward's ``p`` (unrounded), keep-mask and ``p' = dropout(p)``."""
     dv = np.swapaxes(dropped, -1, -2) @ d_out  # (*batch, Lk, Dv)
     d_dropped = d_out @ np.swapaxes(v, -1, -2)  # (*batch, Lq, Lk)
     dp = _dropout(d_dropped, keep, dropout_p)  # (*batch, Lq, Lk)
@@ -223,11 +231,15 @@ def additive_attention(query, keys, params, mask=None):
 def additive_attention_backward(d_out, query, keys, params, mask=None):
     """Gradient of :func:`additive_attention`.
 
-    With ``t = tanh(keys w_1 + query w_2)`` (broadcast to ``(B, Lq, Lk, A)``),
-    ``e = t v``, ``p = softmax(e)``, ``context = p keys``:
-    ``dkeys = pᵀ d_ctx + (sum_i dt') w_1ᵀ``, ``dp = d_ctx keysᵀ + d_weights``,
-    ``de = p * (dp - sum(dp * p))``, ``dv = sum de * t``,
-    ``dt' = de v (1 - t²)``, ``dquery = (sum_j dt') w_2ᵀ``.
+    With ``h = keys w_1 + query w_2`` (broadcast to ``(B, Lq, Lk, A)``),
+    ``t = tanh(h)``, ``e = t v``, ``p = softmax(e)``, ``context = p keys``;
+    indices ``b, q, k, a`` run over ``B, Lq, Lk, A``:
+    ``dp = d_ctx keysᵀ + d_weights``, ``de = p * (dp - sum_k(dp * p))``,
+    ``dv = sum_bqk de t``, ``dt = de vᵀ``, ``dh = dt (1 - t²)``; the
+    projections ``query w_2`` and ``keys w_1`` take ``sum_k dh`` and
+    ``sum_q dh`` back through :func:`~numpy_ref.layers.linear_backward`
+    (``dx = dy wᵀ``, ``dw = xᵀ dy``), and ``dkeys`` adds the value path
+    ``pᵀ d_ctx``.
 
     Args:
       d_out: cotangent of ``context`` ``(B, Lq, Dk)``, or a tuple
@@ -246,20 +258,17 @@ def additive_attention_backward(d_out, query, keys, params, mask=None):
     p32 = _masked_softmax(_upcast(t @ params["v"]), mask, -1)  # (B, Lq, Lk), float32 for float16
     p = p32.astype(query.dtype, copy=False)  # (B, Lq, Lk)
 
-    d_keys = np.swapaxes(p, -1, -2) @ d_ctx  # (B, Lk, Dk)
     dp = d_ctx @ np.swapaxes(keys, -1, -2)  # (B, Lq, Lk)
     if d_weights is not None:
         dp = dp + d_weights  # (B, Lq, Lk)
     de = _softmax_grad(p32, _upcast(dp)).astype(query.dtype, copy=False)  # (B, Lq, Lk)
-    dv = np.einsum("bij,bija->a", de, t)  # (A,)
-    d_pre = de[..., None] * params["v"] * (1.0 - t * t)  # (B, Lq, Lk, A)
-    d_query_proj = d_pre.sum(axis=2)  # (B, Lq, A)
-    d_keys_proj = d_pre.sum(axis=1)  # (B, Lk, A)
-    d_query = d_query_proj @ params["w_2"].T  # (B, Lq, Dq)
-    d_keys = d_keys + d_keys_proj @ params["w_1"].T  # (B, Lk, Dk)
-    dw_1 = np.einsum("bjd,bja->da", keys, d_keys_proj)  # (Dk, A)
-    dw_2 = np.einsum("bid,bia->da", query, d_query_proj)  # (Dq, A)
-    return {"query": d_query, "keys": d_keys, "params": {"w_1": dw_1, "w_2": dw_2, "v": dv}}
+    dv = np.einsum("bqk,bqka->a", de, t)  # (A,)
+    dt = de[..., None] * params["v"]  # (B, Lq, Lk, A)
+    dh = dt * (1.0 - t * t)  # (B, Lq, Lk, A)
+    g_2 = linear_backward(dh.sum(axis=2), query, params["w_2"])  # x (B, Lq, Dq), w (Dq, A)
+    g_1 = linear_backward(dh.sum(axis=1), keys, params["w_1"])  # x (B, Lk, Dk), w (Dk, A)
+    d_keys = np.swapaxes(p, -1, -2) @ d_ctx + g_1["x"]  # (B, Lk, Dk)
+    return {"query": g_2["x"], "keys": d_keys, "params": {"w_1": g_1["w"], "w_2": g_2["w"], "v": dv}}
 
 
 def _additive_hidden(query, keys, params):
@@ -319,8 +328,10 @@ def multi_head_attention_backward(
 
     ``d_concat = d_out w_oᵀ``, ``dw_o = concatᵀ d_out``, ``db_o = sum d_out``;
     split ``d_concat`` into heads; :func:`scaled_dot_product_attention_backward`;
-    merge the head gradients; for each projection ``y = x w + b``:
-    ``dx = dy wᵀ``, ``dw = xᵀ dy``, ``db = sum dy``.
+    merge the head gradients; for each projection ``y = x w + b``,
+    :func:`~numpy_ref.layers.linear_backward`: ``dx = dy wᵀ``, ``dw = xᵀ dy``,
+    ``db = sum dy``. The forward runs once; its softmax, keep-mask and
+    dropped weights feed the backward.
 
     Args:
       d_out: cotangent of ``out`` ``(B, Lq, D)``, or a tuple
@@ -342,29 +353,33 @@ def multi_head_attention_backward(
         d_out, query, "query",
         (("B", "Lq", "D"), (B, Lq, D)), (("B", "H", "Lq", "Lk"), (B, num_heads, Lq, Lk)),
     )
+    # the forward once, keeping what the backward reads
     qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
-    heads, _ = scaled_dot_product_attention(qh, kh, vh, mask, bias, None, dropout_p, dropout_mask)
-    concat = _merge_heads(heads)  # (B, Lq, D)
+    scale = _scale(qh, None)
+    p = _attention_probs(qh, kh, mask, bias, scale)  # (B, H, Lq, Lk), float32 for float16
+    keep = _keep_mask(dropout_p, dropout_mask, None, p.shape)  # the forward's, or None
+    dropped = _dropout(p.astype(query.dtype, copy=False), keep, dropout_p)  # (B, H, Lq, Lk)
+    concat = _merge_heads(dropped @ vh)  # (B, Lq, D)
 
     # 5) output projection
-    d_concat, dw_o, db_o = _linear_backward(d_out, concat, params["w_o"])  # (B, Lq, D), (D, D), (D,)
+    g_o = linear_backward(d_out, concat, params["w_o"], params["b_o"])  # x (B, Lq, D)
     # 4) concat
-    d_heads = _split_heads(d_concat, num_heads)  # (B, H, Lq, Dh)
+    d_heads = _split_heads(g_o["x"], num_heads)  # (B, H, Lq, Dh)
     # 3) attend
-    g = scaled_dot_product_attention_backward(
-        (d_heads, d_weights), qh, kh, vh, mask, bias, None, dropout_p, dropout_mask
+    g = _attention_grads(
+        d_heads, d_weights, qh, kh, vh, bias, scale, dropout_p, p, keep, dropped
     )  # q: (B, H, Lq, Dh), k/v: (B, H, Lk, Dh)
     # 2) split heads
     dq, dk, dv = (_merge_heads(g[n]) for n in ("q", "k", "v"))  # (B, Lq, D), (B, Lk, D) x2
     # 1) project
-    d_query, dw_q, db_q = _linear_backward(dq, query, params["w_q"])  # (B, Lq, D), (D, D), (D,)
-    d_key, dw_k, db_k = _linear_backward(dk, key, params["w_k"])  # (B, Lk, D), (D, D), (D,)
-    d_value, dw_v, db_v = _linear_backward(dv, value, params["w_v"])  # (B, Lk, D), (D, D), (D,)
+    g_q = linear_backward(dq, query, params["w_q"], params["b_q"])  # x (B, Lq, D)
+    g_k = linear_backward(dk, key, params["w_k"], params["b_k"])  # x (B, Lk, D)
+    g_v = linear_backward(dv, value, params["w_v"], params["b_v"])  # x (B, Lk, D)
     grads = {
-        "query": d_query, "key": d_key, "value": d_value,
+        "query": g_q["x"], "key": g_k["x"], "value": g_v["x"],
         "params": {
-            "w_q": dw_q, "b_q": db_q, "w_k": dw_k, "b_k": db_k,
-            "w_v": dw_v, "b_v": db_v, "w_o": dw_o, "b_o": db_o,
+            "w_q": g_q["w"], "b_q": g_q["b"], "w_k": g_k["w"], "b_k": g_k["b"],
+            "w_v": g_v["w"], "b_v": g_v["b"], "w_o": g_o["w"], "b_o": g_o["b"],
         },
     }
     if "bias" in g:
@@ -389,14 +404,6 @@ def _split_heads(x, num_heads):
 def _merge_heads(x):
     B, H, L, Dh = x.shape
     return x.swapaxes(1, 2).reshape(B, L, H * Dh)  # (B, L, D)
-
-
-def _linear_backward(dy, x, w):
-    """``y = x w + b`` -> ``(dx = dy wᵀ, dw = xᵀ dy, db = sum dy)``, batch summed."""
-    dx = dy @ w.T  # (..., D_in)
-    dw = x.reshape(-1, x.shape[-1]).T @ dy.reshape(-1, dy.shape[-1])  # (D_in, D_out)
-    db = dy.reshape(-1, dy.shape[-1]).sum(axis=0)  # (D_out,)
-    return dx, dw, db
 
 
 # --------------------------------------------------------------------------
@@ -443,35 +450,13 @@ def _xavier_uniform(rng, fan_in, fan_out, dtype):
 
 
 # --------------------------------------------------------------------------
-# shared pieces: scale, dropout, bias reduction
+# shared pieces: scale, bias reduction
 # --------------------------------------------------------------------------
 
 
 def _scale(q, scale):
     # A Python float keeps float32 inputs float32 (a numpy float64 would promote).
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-
-
-def _keep_mask(dropout_p, dropout_mask, rng, shape):
-    """The bool keep-mask of the weights, or None when dropout is off."""
-    if float(dropout_p) == 0.0:
-        return None
-    if dropout_mask is not None:
-        return dropout_mask
-    return _generator(rng).random(shape) >= float(dropout_p)
-
-
-def _dropout(x, keep, dropout_p):
-    """Inverted dropout ``x * keep / (1 - p)``; also its own backward.
-
-    By selection: a dropped entry is exactly 0, even where ``x`` is inf or NaN.
-    """
-    return x if keep is None else np.where(keep, x / (1.0 - float(dropout_p)), x.dtype.type(0))
-
-
-def _upcast(x):
-    """float16 -> float32 (scores, softmax and statistics never run in half); others unchanged."""
-    return x.astype(np.float32) if x.dtype == np.float16 else x
 
 
 def _sum_to_shape(g, shape):

@@ -60,8 +60,9 @@ def layer_norm(x, params, eps=1e-5):
       ``(..., D)``. float16 statistics are computed in float32, as the mirrors do.
     """
     rules.layer_norm(x, params, eps)  # SPEC 3.10: x (..., D), gamma/beta (D,), eps > 0
-    x_hat, _ = _normalize(x, eps)
-    return params["gamma"] * x_hat + params["beta"]
+    x_hat, _ = _normalize(x, eps)  # (..., D), float32 for float16
+    out = _upcast(params["gamma"]) * x_hat + _upcast(params["beta"])  # (..., D)
+    return out.astype(x.dtype, copy=False)  # rounded once
 
 
 def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None, rng=None):
@@ -84,7 +85,8 @@ def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None,
     """
     rules.feed_forward(x, params, activation, dropout_p, dropout_mask)  # SPEC 3.11, the hidden keep-mask
     hidden = _ACT[activation](linear(x, params["w_1"], params["b_1"]))  # (..., F)
-    hidden = _dropout(hidden, dropout_p, dropout_mask, rng)
+    keep = _keep_mask(dropout_p, dropout_mask, rng, hidden.shape)  # (..., F) or None
+    hidden = _dropout(hidden, keep, dropout_p)  # (..., F)
     return linear(hidden, params["w_2"], params["b_2"])  # (..., D)
 
 
@@ -105,7 +107,7 @@ def dropout(x, p, mask=None, rng=None):
       array of ``x``'s shape and dtype.
     """
     rules.dropout(x, p, mask)  # SPEC 3.12: float x, p in [0, 1), keep-mask of x's shape
-    return _dropout(x, p, mask, rng)
+    return _dropout(x, _keep_mask(p, mask, rng, x.shape), p)
 
 
 def init_layer_norm(d_model, dtype=np.float64):
@@ -141,32 +143,43 @@ def init_feed_forward(rng, d_model, d_ff, dtype=np.float64):
 # helpers
 
 
+def _upcast(x):
+    """float16 -> float32, other dtypes unchanged: the half-precision recipe.
+
+    Softmax and layer norm upcast their inputs once, compute in float32 and
+    round the result back once (``.astype(x.dtype)``), as the mirrors do.
+    """
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
 def _normalize(x, eps):
     """``x_hat = (x - mean) / sqrt(var + eps)`` and ``1 / sqrt(var + eps)``.
 
-    float16 statistics run in float32; ``x_hat`` is rounded back once.
+    In float32 for float16 ``x``; the caller rounds its result once.
     """
-    x32 = x.astype(np.float32) if x.dtype == np.float16 else x
-    centered = x32 - x32.mean(axis=-1, keepdims=True)  # (..., D)
+    x = _upcast(x)
+    centered = x - x.mean(axis=-1, keepdims=True)  # (..., D)
     inv_std = 1.0 / np.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
-    return (centered * inv_std).astype(x.dtype, copy=False), inv_std
+    return centered * inv_std, inv_std
 
 
-def _dropout(x, p, mask, rng):
-    """Inverted dropout ``where(mask, x / (1 - p), 0)``; the caller checked ``p`` and ``mask``."""
-    if p == 0:
-        return x
-    if mask is None:
-        mask = _generator(rng).random(x.shape) >= p
-    return _keep(x, mask, p)
+def _keep_mask(p, mask, rng, shape):
+    """The bool keep-mask of a dropout site: ``mask``, or drawn from ``rng``;
+    None when ``p == 0`` (dropout off). The caller checked ``p`` and ``mask``."""
+    if float(p) == 0.0:
+        return None
+    if mask is not None:
+        return mask
+    return _generator(rng).random(shape) >= float(p)
 
 
-def _keep(x, mask, p):
-    """``mask / (1 - p)`` applied by selection: dropped entries are exactly 0 (also
-    its own backward); ``p == 0`` keeps everything."""
-    if p == 0:
-        return x
-    return np.where(mask, x * x.dtype.type(1.0 / (1.0 - p)), x.dtype.type(0))
+def _dropout(x, keep, p):
+    """Inverted dropout ``where(keep, x / (1 - p), 0)``; ``keep`` None is the identity.
+
+    By selection: a dropped entry is exactly 0, even where ``x`` is inf or NaN.
+    Linear in ``x``, so also its own backward.
+    """
+    return x if keep is None else np.where(keep, x / (1.0 - float(p)), x.dtype.type(0))
 
 
 # --------------------------------------------------------------------------
@@ -284,15 +297,17 @@ def layer_norm_backward(d_out, x, params, eps=1e-5):
     """
     rules.layer_norm(x, params, eps)  # SPEC 3.10
     rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
-    x_hat, inv_std = _normalize(x, eps)  # (..., D), (..., 1)
-    g = _upcast(d_out * params["gamma"])  # (..., D), float32 for float16
-    x_hat32 = _upcast(x_hat)  # (..., D)
+    x_hat, inv_std = _normalize(x, eps)  # (..., D), (..., 1); float32 for float16
+    d_out = _upcast(d_out)  # (..., D)
+    g = d_out * _upcast(params["gamma"])  # (..., D)
     dx = inv_std * (
-        g - g.mean(axis=-1, keepdims=True) - x_hat32 * (g * x_hat32).mean(axis=-1, keepdims=True)
+        g - g.mean(axis=-1, keepdims=True) - x_hat * (g * x_hat).mean(axis=-1, keepdims=True)
     )  # (..., D)
+    d_gamma = _sum_leading(d_out * x_hat)  # (D,)
+    d_beta = _sum_leading(d_out)  # (D,)
     return {
         "x": dx.astype(x.dtype, copy=False),
-        "params": {"gamma": _sum_leading(d_out * x_hat), "beta": _sum_leading(d_out)},  # (D,)
+        "params": {"gamma": d_gamma.astype(x.dtype, copy=False), "beta": d_beta.astype(x.dtype, copy=False)},
     }
 
 
@@ -313,10 +328,11 @@ def feed_forward_backward(d_out, x, params, activation="relu", dropout_p=0.0, dr
     rules.require_mask(dropout_p, dropout_mask, "dropout_p", "dropout_mask")  # the forward's keep-mask
     # forward again
     pre = linear(x, params["w_1"], params["b_1"])  # (..., F)
-    dropped = _keep(_ACT[activation](pre), dropout_mask, dropout_p)  # (..., F)
+    keep = _keep_mask(dropout_p, dropout_mask, None, pre.shape)  # (..., F) or None
+    dropped = _dropout(_ACT[activation](pre), keep, dropout_p)  # (..., F)
     # 3) output projection, 2) dropout, 1) activation and input projection
     g_2 = linear_backward(d_out, dropped, params["w_2"], params["b_2"])
-    d_pre = _keep(g_2["x"], dropout_mask, dropout_p) * _ACT_GRAD[activation](pre)  # (..., F)
+    d_pre = _dropout(g_2["x"], keep, dropout_p) * _ACT_GRAD[activation](pre)  # (..., F)
     g_1 = linear_backward(d_pre, x, params["w_1"], params["b_1"])
     return {
         "x": g_1["x"],
@@ -335,9 +351,6 @@ def dropout_backward(d_out, x, p, mask=None, rng=None):
     rules.dropout(x, p, mask)  # SPEC 3.12
     rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
     rules.require_mask(p, mask, "p", "mask")  # the forward's keep-mask
-    return {"x": np.array(_keep(d_out, mask, p))}  # a fresh array, never d_out itself
+    keep = _keep_mask(p, mask, None, x.shape)  # the forward's, or None when p == 0
+    return {"x": np.array(_dropout(d_out, keep, p))}  # a fresh array, never d_out itself
 
-
-def _upcast(x):
-    """float16 -> float32 (layer-norm statistics); others unchanged."""
-    return x.astype(np.float32) if x.dtype == np.float16 else x
