@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import _key, float_dtype, rules
+from .layers import _dropout, _keep_mask, _upcast
 
 __all__ = [
     "softmax",
@@ -40,9 +41,6 @@ __all__ = [
     "init_multi_head_attention",
     "init_additive_attention",
 ]
-
-_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-
 
 # --------------------------------------------------------------------------
 # softmax
@@ -144,7 +142,7 @@ def scaled_dot_product_attention(
     if bias is not None:
         scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
     weights = _masked_softmax(scores, mask, -1).astype(q.dtype)  # (*batch, Lq, Lk)
-    keep = _keep_mask(dropout_p, dropout_mask, rng, weights.shape)
+    keep = _keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
     dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
     return dropped @ v, weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
 
@@ -293,36 +291,10 @@ def _xavier_uniform(key, fan_in, fan_out, dtype):
 
 
 # --------------------------------------------------------------------------
-# shared pieces: scale, dropout, compute dtype
+# shared pieces: scale
 # --------------------------------------------------------------------------
 
 
 def _scale(q, scale):
     # A Python float is weakly typed: float32 and bfloat16 inputs keep their dtype.
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-
-
-def _keep_mask(dropout_p, dropout_mask, rng, shape):
-    """The bool keep-mask of the weights, or None when dropout is off."""
-    if float(dropout_p) == 0.0:
-        return None
-    if dropout_mask is not None:
-        return dropout_mask
-    if rng is None:  # JAX has no global generator to fall back on
-        raise ValueError(
-            "rng: expected a JAX PRNG key (or an explicit dropout_mask) when "
-            f"dropout_p > 0; here dropout_p={dropout_p}, got None"
-        )
-    return jax.random.bernoulli(_key(rng), 1.0 - float(dropout_p), shape)
-
-
-def _dropout(x, keep, dropout_p):
-    """Inverted dropout ``x * keep / (1 - p)``, by selection: a dropped entry is exactly 0."""
-    return x if keep is None else jnp.where(keep, x / (1.0 - float(dropout_p)), 0)
-
-
-def _upcast(x):
-    """float16/bfloat16 -> float32 (scores and softmax never run in half); others unchanged."""
-    return x.astype(jnp.float32) if x.dtype in _HALF else x
-
-

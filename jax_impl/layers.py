@@ -64,8 +64,9 @@ def layer_norm(x, params, eps=1e-5):
       ``(..., D)``.
     """
     rules.layer_norm(x, params, eps)  # SPEC 3.10: x (..., D), gamma/beta (D,), eps > 0
-    x_hat, _ = _normalize(x, eps)
-    return params["gamma"] * x_hat + params["beta"]
+    x_hat, _ = _normalize(x, eps)  # (..., D), float32 for half
+    out = _upcast(params["gamma"]) * x_hat + _upcast(params["beta"])  # (..., D)
+    return out.astype(x.dtype)  # rounded once
 
 
 def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None, rng=None):
@@ -88,7 +89,8 @@ def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None,
     """
     rules.feed_forward(x, params, activation, dropout_p, dropout_mask)  # SPEC 3.11, the hidden keep-mask
     hidden = _ACT[activation](linear(x, params["w_1"], params["b_1"]))  # (..., F)
-    hidden = _dropout(hidden, dropout_p, dropout_mask, rng, "dropout_p", "dropout_mask")
+    keep = _keep_mask(dropout_p, dropout_mask, rng, hidden)  # (..., F) or None
+    hidden = _dropout(hidden, keep, dropout_p)  # (..., F)
     return linear(hidden, params["w_2"], params["b_2"])  # (..., D)
 
 
@@ -109,7 +111,7 @@ def dropout(x, p, mask=None, rng=None):
       array of ``x``'s shape and dtype.
     """
     rules.dropout(x, p, mask)  # SPEC 3.12: float x, p in [0, 1), keep-mask of x's shape
-    return _dropout(x, p, mask, rng, "p", "mask")
+    return _dropout(x, _keep_mask(p, mask, rng, x, "p", "mask"), p)
 
 
 def init_layer_norm(d_model, dtype=jnp.float32):
@@ -145,34 +147,49 @@ def init_feed_forward(key, d_model, d_ff, dtype=jnp.float32):
 # helpers
 
 
+def _upcast(x):
+    """float16/bfloat16 -> float32, other dtypes unchanged: the half-precision recipe.
+
+    Softmax and layer norm upcast their inputs once, compute in float32 and
+    round the result back once (``.astype(x.dtype)``), as numpy_ref does.
+    """
+    return x.astype(jnp.float32) if x.dtype in _HALF else x
+
+
 def _normalize(x, eps):
     """``x_hat = (x - mean) / sqrt(var + eps)`` and ``1 / sqrt(var + eps)``.
 
-    float16/bfloat16 statistics run in float32; ``x_hat`` is cast back.
+    In float32 for half ``x``; the caller rounds its result once.
     """
-    dtype = x.dtype
-    if dtype in _HALF:
-        x = x.astype(jnp.float32)
+    x = _upcast(x)
     centered = x - x.mean(axis=-1, keepdims=True)  # (..., D)
     inv_std = 1.0 / jnp.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
-    return (centered * inv_std).astype(dtype), inv_std
+    return centered * inv_std, inv_std
 
 
-def _dropout(x, p, mask, rng, p_name, mask_name):
-    """Inverted dropout ``where(mask, x / (1 - p), 0)``; the caller checked ``p`` and ``mask``.
+def _keep_mask(p, mask, rng, x, p_name="dropout_p", mask_name="dropout_mask"):
+    """The bool keep-mask of ``x``'s entries: ``mask``, or drawn from the key
+    ``rng``; None when ``p == 0`` (dropout off). The caller checked ``p`` and
+    ``mask``; the names are the caller's, for the error JAX needs (no global
+    generator to fall back on)."""
+    if float(p) == 0.0:
+        return None
+    if mask is not None:
+        return mask
+    if rng is None:
+        raise ValueError(
+            f"rng: expected a JAX PRNG key (or an explicit {mask_name}) when "
+            f"{p_name} > 0; here {p_name}={p}, got None"
+        )
+    return jax.random.bernoulli(_key(rng), 1.0 - float(p), x.shape)
+
+
+def _dropout(x, keep, p):
+    """Inverted dropout ``where(keep, x / (1 - p), 0)``; ``keep`` None is the identity.
 
     By selection: a dropped entry is exactly 0, even where ``x`` is inf or NaN.
     """
-    if p == 0:
-        return x
-    if mask is None:
-        if rng is None:  # JAX has no global generator to fall back on
-            raise ValueError(
-                f"rng: expected a JAX PRNG key (or an explicit {mask_name}) when "
-                f"{p_name} > 0; here {p_name}={p}, got None"
-            )
-        mask = jax.random.bernoulli(_key(rng), 1.0 - p, x.shape)
-    return jnp.where(mask, x * (1.0 / (1.0 - p)), 0)
+    return x if keep is None else jnp.where(keep, x / (1.0 - float(p)), 0)
 
 
 # --------------------------------------------------------------------------

@@ -132,7 +132,7 @@ def scaled_dot_product_attention(
     rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask)  # SPEC 3.6
     scale = _scale(q, scale)
     weights = _attention_probs(q, k, mask, bias, scale).astype(q.dtype, copy=False)  # (*batch, Lq, Lk)
-    keep = _keep_mask(dropout_p, dropout_mask, rng, weights.shape)  # (*batch, Lq, Lk) or None
+    keep = _keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
     dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
     return dropped @ v, weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
 
@@ -167,7 +167,7 @@ def scaled_dot_product_attention_backward(
     )
     scale = _scale(q, scale)
     p = _attention_probs(q, k, mask, bias, scale)  # (*batch, Lq, Lk), float32 for float16 inputs
-    keep = _keep_mask(dropout_p, dropout_mask, None, p.shape)  # the forward's, or None
+    keep = _keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
     dropped = _dropout(p.astype(q.dtype, copy=False), keep, dropout_p)  # (*batch, Lq, Lk)
     return _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped)
 
@@ -357,7 +357,7 @@ def multi_head_attention_backward(
     qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
     scale = _scale(qh, None)
     p = _attention_probs(qh, kh, mask, bias, scale)  # (B, H, Lq, Lk), float32 for float16
-    keep = _keep_mask(dropout_p, dropout_mask, None, p.shape)  # the forward's, or None
+    keep = _keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
     dropped = _dropout(p.astype(query.dtype, copy=False), keep, dropout_p)  # (B, H, Lq, Lk)
     concat = _merge_heads(dropped @ vh)  # (B, Lq, D)
 

@@ -85,7 +85,7 @@ def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None,
     """
     rules.feed_forward(x, params, activation, dropout_p, dropout_mask)  # SPEC 3.11, the hidden keep-mask
     hidden = _ACT[activation](linear(x, params["w_1"], params["b_1"]))  # (..., F)
-    keep = _keep_mask(dropout_p, dropout_mask, rng, hidden.shape)  # (..., F) or None
+    keep = _keep_mask(dropout_p, dropout_mask, rng, hidden)  # (..., F) or None
     hidden = _dropout(hidden, keep, dropout_p)  # (..., F)
     return linear(hidden, params["w_2"], params["b_2"])  # (..., D)
 
@@ -107,7 +107,7 @@ def dropout(x, p, mask=None, rng=None):
       array of ``x``'s shape and dtype.
     """
     rules.dropout(x, p, mask)  # SPEC 3.12: float x, p in [0, 1), keep-mask of x's shape
-    return _dropout(x, _keep_mask(p, mask, rng, x.shape), p)
+    return _dropout(x, _keep_mask(p, mask, rng, x), p)
 
 
 def init_layer_norm(d_model, dtype=np.float64):
@@ -163,14 +163,14 @@ def _normalize(x, eps):
     return centered * inv_std, inv_std
 
 
-def _keep_mask(p, mask, rng, shape):
-    """The bool keep-mask of a dropout site: ``mask``, or drawn from ``rng``;
+def _keep_mask(p, mask, rng, x):
+    """The bool keep-mask of ``x``'s entries: ``mask``, or drawn from ``rng``;
     None when ``p == 0`` (dropout off). The caller checked ``p`` and ``mask``."""
     if float(p) == 0.0:
         return None
     if mask is not None:
         return mask
-    return _generator(rng).random(shape) >= float(p)
+    return _generator(rng).random(x.shape) >= float(p)
 
 
 def _dropout(x, keep, p):
@@ -328,7 +328,7 @@ def feed_forward_backward(d_out, x, params, activation="relu", dropout_p=0.0, dr
     rules.require_mask(dropout_p, dropout_mask, "dropout_p", "dropout_mask")  # the forward's keep-mask
     # forward again
     pre = linear(x, params["w_1"], params["b_1"])  # (..., F)
-    keep = _keep_mask(dropout_p, dropout_mask, None, pre.shape)  # (..., F) or None
+    keep = _keep_mask(dropout_p, dropout_mask, None, pre)  # (..., F) or None
     dropped = _dropout(_ACT[activation](pre), keep, dropout_p)  # (..., F)
     # 3) output projection, 2) dropout, 1) activation and input projection
     g_2 = linear_backward(d_out, dropped, params["w_2"], params["b_2"])
@@ -351,6 +351,6 @@ def dropout_backward(d_out, x, p, mask=None, rng=None):
     rules.dropout(x, p, mask)  # SPEC 3.12
     rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
     rules.require_mask(p, mask, "p", "mask")  # the forward's keep-mask
-    keep = _keep_mask(p, mask, None, x.shape)  # the forward's, or None when p == 0
+    keep = _keep_mask(p, mask, None, x)  # the forward's, or None when p == 0
     return {"x": np.array(_dropout(d_out, keep, p))}  # a fresh array, never d_out itself
 

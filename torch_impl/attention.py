@@ -43,8 +43,8 @@ from torch import nn
 
 from numpy_ref._contract.checks import ADDITIVE_KEYS, MHA_KEYS
 
-from ._checks import HALF_DTYPES, _generator, float_dtype, rules
-from .layers import _CanonicalModule, _tensors, _uniform
+from ._checks import _generator, float_dtype, rules
+from .layers import _CanonicalModule, _dropout, _keep_mask, _tensors, _uniform, _upcast
 
 __all__ = [
     "softmax",
@@ -81,19 +81,17 @@ def softmax(x, axis=-1, mask=None):
       ``p``, same shape and dtype as ``x``; rows sum to 1 or to 0.
     """
     rules.softmax(x, axis, mask)  # SPEC 3.5: float x, int axis in range, bool mask
-    return _masked_softmax(x, mask, axis)
+    return _masked_softmax(_upcast(x), mask, axis).to(x.dtype)
 
 
 def _masked_softmax(x, mask, axis):
-    dtype = x.dtype
-    x = x.float() if dtype in HALF_DTYPES else x
     # A masked entry becomes -inf, so "valid" is just ``x != -inf``; the
     # fused ``torch.softmax`` already gives such an entry weight exp(-inf) = 0
     # and gradient 0, and subtracts the row max.
     if mask is not None:
         x = x.masked_fill(~mask, -math.inf)
     if x.shape[axis] == 0:  # Lk = 0: no row has a max; the softmax is empty
-        return torch.softmax(x, dim=axis).to(dtype)
+        return torch.softmax(x, dim=axis)
     # Only a row without any valid entry differs from ``torch.softmax`` (which
     # would give -inf - (-inf) = NaN there, and NaN gradients): such a row is
     # set to 0 before (a finite softmax, so its backward stays finite) and
@@ -102,9 +100,9 @@ def _masked_softmax(x, mask, axis):
     # under torch.compile they stay, so the graph has no data-dependent break.
     empty = torch.amax(x, dim=axis, keepdim=True) == -math.inf
     if _cheap_to_branch(x) and not bool(empty.any()):
-        return torch.softmax(x, dim=axis).to(dtype)
+        return torch.softmax(x, dim=axis)
     p = torch.softmax(x.masked_fill(empty, 0.0), dim=axis)
-    return p.masked_fill(empty, 0.0).to(dtype)  # an empty row: weights 0, gradient 0
+    return p.masked_fill(empty, 0.0)  # an empty row: weights 0, gradient 0
 
 
 def _cheap_to_branch(x):
@@ -170,7 +168,7 @@ def _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weigh
         if bias is not None:
             scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
         weights = _masked_softmax(scores, mask, -1).to(q.dtype)  # (*batch, Lq, Lk)
-    keep = _keep_mask(dropout_p, dropout_mask, rng, weights)
+    keep = _keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
     dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
     return dropped @ v, weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
 
@@ -224,7 +222,7 @@ def additive_attention(query, keys, params, mask=None):
     mask = rules.additive(query, keys, params, mask)  # SPEC 3.7; a (B, 1, 1, Lk) mask loses its head axis
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
     e = t @ params["v"]  # (B, Lq, Lk)
-    weights = _masked_softmax(e, mask, -1)  # (B, Lq, Lk)
+    weights = _masked_softmax(_upcast(e), mask, -1).to(e.dtype)  # (B, Lq, Lk)
     return weights @ keys, weights  # (B, Lq, Dk), (B, Lq, Lk)
 
 
@@ -342,30 +340,12 @@ def _xavier_uniform(rng, fan_in, fan_out):
 
 
 # --------------------------------------------------------------------------
-# shared pieces: scale, dropout, precision
+# shared pieces: scale
 # --------------------------------------------------------------------------
 
 
 def _scale(q, scale):
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-
-
-def _keep_mask(dropout_p, dropout_mask, rng, weights):
-    """The bool keep-mask of the weights, or None when dropout is off."""
-    if float(dropout_p) == 0.0:
-        return None
-    if dropout_mask is not None:
-        return dropout_mask
-    return torch.rand(weights.shape, generator=_generator(rng), device=weights.device) >= float(dropout_p)
-
-
-def _dropout(x, keep, dropout_p):
-    """Inverted dropout ``x * keep / (1 - p)``, by selection: a dropped entry is exactly 0."""
-    return x if keep is None else torch.where(keep, x / (1.0 - float(dropout_p)), 0.0)
-
-
-def _upcast(x):
-    return x.float() if x.dtype in HALF_DTYPES else x
 
 
 # --------------------------------------------------------------------------

@@ -72,8 +72,9 @@ def layer_norm(x, params, eps=1e-5):
       ``(..., D)``.
     """
     rules.layer_norm(x, params, eps)  # SPEC 3.10: x (..., D), gamma/beta (D,), eps > 0
-    x_hat, _ = _normalize(_upcast(x), eps)
-    return (_upcast(params["gamma"]) * x_hat + _upcast(params["beta"])).to(x.dtype)
+    x_hat, _ = _normalize(x, eps)  # (..., D), float32 for half
+    out = _upcast(params["gamma"]) * x_hat + _upcast(params["beta"])  # (..., D)
+    return out.to(x.dtype)  # rounded once
 
 
 def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None, rng=None):
@@ -97,7 +98,8 @@ def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None,
     """
     rules.feed_forward(x, params, activation, dropout_p, dropout_mask)  # SPEC 3.11, the hidden keep-mask
     hidden = _ACT[activation](linear(x, params["w_1"], params["b_1"]))  # (..., F)
-    hidden = _dropout(hidden, dropout_p, dropout_mask, rng)
+    keep = _keep_mask(dropout_p, dropout_mask, rng, hidden)  # (..., F) or None
+    hidden = _dropout(hidden, keep, dropout_p)  # (..., F)
     return linear(hidden, params["w_2"], params["b_2"])  # (..., D)
 
 
@@ -119,7 +121,7 @@ def dropout(x, p, mask=None, rng=None):
       tensor of ``x``'s shape and dtype.
     """
     rules.dropout(x, p, mask)  # SPEC 3.12: float x, p in [0, 1), keep-mask of x's shape
-    return _dropout(x, p, mask, rng)
+    return _dropout(x, _keep_mask(p, mask, rng, x), p)
 
 
 def init_layer_norm(d_model, dtype=None, device=None):
@@ -159,28 +161,42 @@ def init_feed_forward(rng, d_model, d_ff, dtype=None, device=None):
 # helpers
 
 
+def _upcast(x):
+    """float16/bfloat16 -> float32, other dtypes unchanged: the half-precision recipe.
+
+    Softmax and layer norm upcast their inputs once, compute in float32 and
+    round the result back once (``.to(x.dtype)``), as numpy_ref does.
+    """
+    return x.float() if x.dtype in HALF_DTYPES else x
+
+
 def _normalize(x, eps):
-    """``x_hat = (x - mean) / sqrt(var + eps)`` and ``1 / sqrt(var + eps)``."""
+    """``x_hat = (x - mean) / sqrt(var + eps)`` and ``1 / sqrt(var + eps)``.
+
+    In float32 for half ``x``; the caller rounds its result once.
+    """
+    x = _upcast(x)
     centered = x - x.mean(dim=-1, keepdim=True)  # (..., D)
     inv_std = 1.0 / torch.sqrt((centered * centered).mean(dim=-1, keepdim=True) + eps)  # (..., 1)
     return centered * inv_std, inv_std
 
 
-def _upcast(x):
-    """float16/bfloat16 -> float32 (statistics and softmax); other dtypes as they are."""
-    return x.float() if x.dtype in HALF_DTYPES else x
+def _keep_mask(p, mask, rng, x):
+    """The bool keep-mask of ``x``'s entries: ``mask``, or drawn from ``rng``;
+    None when ``p == 0`` (dropout off). The caller checked ``p`` and ``mask``."""
+    if float(p) == 0.0:
+        return None
+    if mask is not None:
+        return mask
+    return torch.rand(x.shape, generator=_generator(rng), device=x.device) >= float(p)
 
 
-def _dropout(x, p, mask, rng):
-    """Inverted dropout ``where(mask, x / (1 - p), 0)``; the caller checked ``p`` and ``mask``.
+def _dropout(x, keep, p):
+    """Inverted dropout ``where(keep, x / (1 - p), 0)``; ``keep`` None is the identity.
 
     By selection: a dropped entry is exactly 0, even where ``x`` is inf or NaN.
     """
-    if p == 0:
-        return x
-    if mask is None:
-        mask = torch.rand(x.shape, generator=_generator(rng), device=x.device) >= p
-    return torch.where(mask, x * (1.0 / (1.0 - p)), 0.0)
+    return x if keep is None else torch.where(keep, x / (1.0 - float(p)), 0.0)
 
 
 # relu' = 1[x > 0] (0 at the kink) and exact-erf gelu, as numpy_ref.

@@ -47,9 +47,9 @@ def sinusoidal_encoding(max_len, d_model, dtype=None, device=None):
     pos = torch.arange(max_len, dtype=torch.float64, device=device)[:, None]  # (max_len, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (ceil(D/2),)
     angle = pos / 10000.0 ** (two_i / d_model)  # (max_len, ceil(D/2))
-    # interleave sin and cos, then drop the trailing cos of an odd D
-    table = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1)  # (max_len, ceil(D/2), 2)
-    table = table.reshape(max_len, 2 * angle.shape[1])[:, :d_model]  # (max_len, D)
+    table = torch.empty((max_len, d_model), dtype=torch.float64, device=device)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
     return table.to(dtype)
 
 
