@@ -24,8 +24,9 @@ Lq=3, Lk=7, Dq=5, Dk=6, A=4.
 Error cases carry ``error = (exception type name, argument name)``: the call
 must raise that type with a message starting with that argument name.
 
-Every case uses the tolerance class ``"default"``: measured, the encoder
-stack needs no looser class (see ``conformance.tolerances``).
+Every case uses the one tolerance class, ``"default"`` (the table as it
+stands): measured, the encoder stack needs no looser class (see
+``conformance.tolerances``).
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ class Case:
       name: ``"component/variant"``, unique, a readable pytest id.
       function: public function name shared by the mirrors.
       build: ``build(rng) -> kwargs``; all randomness comes from ``rng``.
-      tolerance: tolerance class (a key of ``conformance.tolerances.CLASSES``).
+      tolerance: tolerance class, one of ``conformance.tolerances.CLASSES``.
       error: ``(exception type name, argument name)`` for error cases.
       note: what the case pins, one line (goes to the manifest).
     """
