@@ -142,10 +142,12 @@ def scaled_dot_product_attention_backward(
 ):
     """Gradient of :func:`scaled_dot_product_attention`.
 
-    With ``s = q kᵀ * scale + bias``, ``p = softmax(s)``, ``p' = dropout(p)``,
-    ``out = p' v``: ``dv = p'ᵀ d_out``, ``dp = (d_out vᵀ) * keep / (1 - p_drop)
-    + d_weights``, ``ds = p * (dp - sum(dp * p))``, ``dq = ds k * scale``,
-    ``dk = dsᵀ q * scale``, ``dbias = ds`` summed to bias's shape.
+    With ``s = q kᵀ * scale + bias``, ``p = softmax(s)``,
+    ``dropped = dropout(p)``, ``out = dropped v``: ``dv = droppedᵀ d_out``,
+    ``d_dropped = d_out vᵀ``, ``dp = dropout(d_dropped) + d_weights`` (dropout
+    is linear, ``keep / (1 - p_drop)``), ``ds = p * (dp - sum(dp * p))``,
+    ``dq = ds k * scale``, ``dk = dsᵀ q * scale``, ``dbias = ds`` summed to
+    bias's shape.
 
     Args:
       d_out: cotangent of ``out`` ``(*batch, Lq, Dv)``, or a tuple
@@ -183,7 +185,7 @@ def _attention_probs(q, k, mask, bias, scale):
 
 def _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped):
     """The chain rule of :func:`scaled_dot_product_attention_backward`, given the
-    forward's ``p`` (unrounded), keep-mask and ``p' = dropout(p)``."""
+    forward's ``p`` (unrounded), keep-mask and ``dropped = dropout(p)``."""
     dv = np.swapaxes(dropped, -1, -2) @ d_out  # (*batch, Lk, Dv)
     d_dropped = d_out @ np.swapaxes(v, -1, -2)  # (*batch, Lq, Lk)
     dp = _dropout(d_dropped, keep, dropout_p)  # (*batch, Lq, Lk)
