@@ -56,10 +56,11 @@ def float_dtype(dtype):
     return parsed
 
 
-def _key(rng, name: str = "rng"):
-    """A JAX PRNG key: ``rng`` may be None (then nothing is drawn), ``key`` may not."""
-    if not isinstance(rng, jax.Array) and (rng is not None or name != "rng"):
-        raise rng_error(rng, "a JAX PRNG key" + (" or None" if name == "rng" else ""), name)
+def _key(rng, name: str = "rng", required: bool = False):
+    """A JAX PRNG key; None too (then nothing is drawn) unless ``required``
+    (the initialisers always draw)."""
+    if not isinstance(rng, jax.Array) and (rng is not None or required):
+        raise rng_error(rng, "a JAX PRNG key" + ("" if required else " or None"), name)
     return rng
 
 

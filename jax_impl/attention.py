@@ -251,32 +251,32 @@ def _merge_heads(x):
 # --------------------------------------------------------------------------
 
 
-def init_multi_head_attention(key, d_model, dtype=jnp.float32):
+def init_multi_head_attention(rng, d_model, dtype=jnp.float32):
     """Parameters for :func:`multi_head_attention`.
 
     Weights ``(D, D)`` Xavier-uniform, ``U(-a, a)`` with
     ``a = sqrt(6 / (D + D))``; biases zero ``(D,)``, as ``nn.MultiheadAttention``.
-    ``key``: a JAX PRNG key.
+    ``rng``: a JAX PRNG key (named as numpy_ref's generator argument).
     """
-    key, dtype = _key(key, "key"), float_dtype(dtype)
+    rng, dtype = _key(rng, required=True), float_dtype(dtype)
     (d_model,) = rules.widths(d_model=d_model)  # a positive int
     params = {}
-    for name, subkey in zip(("q", "k", "v", "o"), jax.random.split(key, 4)):
+    for name, subkey in zip(("q", "k", "v", "o"), jax.random.split(rng, 4)):
         params[f"w_{name}"] = _xavier_uniform(subkey, d_model, d_model, dtype)
         params[f"b_{name}"] = jnp.zeros(d_model, dtype=dtype)
     return params
 
 
-def init_additive_attention(key, d_query, d_key, d_attn, dtype=jnp.float32):
+def init_additive_attention(rng, d_query, d_key, d_attn, dtype=jnp.float32):
     """Parameters for :func:`additive_attention`.
 
     ``w_1 (Dk, A)`` and ``w_2 (Dq, A)`` Xavier-uniform,
     ``v (A,) ~ U(-1/sqrt(A), 1/sqrt(A))``.
-    ``key``: a JAX PRNG key.
+    ``rng``: a JAX PRNG key (named as numpy_ref's generator argument).
     """
-    key, dtype = _key(key, "key"), float_dtype(dtype)
+    rng, dtype = _key(rng, required=True), float_dtype(dtype)
     d_query, d_key, d_attn = rules.widths(d_query=d_query, d_key=d_key, d_attn=d_attn)  # positive ints
-    k_1, k_2, k_v = jax.random.split(key, 3)
+    k_1, k_2, k_v = jax.random.split(rng, 3)
     bound = 1.0 / math.sqrt(d_attn)
     return {
         "w_1": _xavier_uniform(k_1, d_key, d_attn, dtype),

@@ -116,12 +116,12 @@ def encoder(x, params, num_heads, *, mask=None, norm_first=False, activation="re
     return layer_norm(x, params["norm"], eps) if "norm" in params else jnp.copy(x)
 
 
-def init_encoder_layer(key, d_model, d_ff, dtype=jnp.float32):
+def init_encoder_layer(rng, d_model, d_ff, dtype=jnp.float32):
     """``{"self_attn", "ffn", "norm1", "norm2"}`` with each block's own init.
 
-    ``key``: a JAX PRNG key.
+    ``rng``: a JAX PRNG key (named as numpy_ref's generator argument).
     """
-    k_attn, k_ffn = jax.random.split(_key(key, "key"))
+    k_attn, k_ffn = jax.random.split(_key(rng, required=True))
     return {
         "self_attn": init_multi_head_attention(k_attn, d_model, dtype),
         "ffn": init_feed_forward(k_ffn, d_model, d_ff, dtype),
@@ -130,14 +130,14 @@ def init_encoder_layer(key, d_model, d_ff, dtype=jnp.float32):
     }
 
 
-def init_encoder(key, num_layers, d_model, d_ff, final_norm=False, dtype=jnp.float32):
+def init_encoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=jnp.float32):
     """``{"layers": [num_layers layer params], "norm"?: layer-norm params}``.
 
-    ``key``: a JAX PRNG key, split into one key per layer.
+    ``rng``: a JAX PRNG key, split into one key per layer.
     """
-    key, dtype = _key(key, "key"), float_dtype(dtype)
+    rng, dtype = _key(rng, required=True), float_dtype(dtype)
     rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
-    keys = jax.random.split(key, num_layers)
+    keys = jax.random.split(rng, num_layers)
     params = {"layers": [init_encoder_layer(k, d_model, d_ff, dtype) for k in keys]}
     if final_norm:
         params["norm"] = init_layer_norm(d_model, dtype)

@@ -121,19 +121,19 @@ def init_layer_norm(d_model, dtype=jnp.float32):
     return {"gamma": jnp.ones(d_model, dtype), "beta": jnp.zeros(d_model, dtype)}
 
 
-def init_feed_forward(key, d_model, d_ff, dtype=jnp.float32):
+def init_feed_forward(rng, d_model, d_ff, dtype=jnp.float32):
     """Feed-forward params as ``nn.Linear`` draws them.
 
     Weights and biases ``~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))``; ``fan_in`` is
-    ``D`` for ``w_1, b_1`` and ``F`` for ``w_2, b_2``. ``key``: a JAX PRNG key.
+    ``D`` for ``w_1, b_1`` and ``F`` for ``w_2, b_2``. ``rng``: a JAX PRNG key.
 
     Returns:
       ``{"w_1": (D, F), "b_1": (F,), "w_2": (F, D), "b_2": (D,)}``.
     """
-    key, dtype = _key(key, "key"), float_dtype(dtype)
+    rng, dtype = _key(rng, required=True), float_dtype(dtype)
     d_model, d_ff = rules.widths(d_model=d_model, d_ff=d_ff)  # positive ints
     bound_1, bound_2 = 1 / math.sqrt(d_model), 1 / math.sqrt(d_ff)
-    k_w1, k_b1, k_w2, k_b2 = jax.random.split(key, 4)
+    k_w1, k_b1, k_w2, k_b2 = jax.random.split(rng, 4)
     uniform = jax.random.uniform
     return {
         "w_1": uniform(k_w1, (d_model, d_ff), dtype, -bound_1, bound_1),

@@ -65,11 +65,11 @@ def add_positional_encoding(x, table):
     return x + table[: x.shape[1]]  # (B, L, D)
 
 
-def init_learned_positional_embedding(key, max_len, d_model, dtype=jnp.float32):
+def init_learned_positional_embedding(rng, max_len, d_model, dtype=jnp.float32):
     """A learned positional table, ``table ~ N(0, 0.02^2)`` (GPT-2's init).
 
     Args:
-      key: a JAX PRNG key.
+      rng: a JAX PRNG key.
       max_len: number of positions.
       d_model: ``D``.
 
@@ -77,7 +77,7 @@ def init_learned_positional_embedding(key, max_len, d_model, dtype=jnp.float32):
       ``{"table": (max_len, D)}``.
     """
     max_len, d_model = rules.sinusoidal(max_len, d_model)  # max_len >= 0, D >= 1
-    key, dtype = _key(key, "key"), float_dtype(dtype)
-    return {"table": 0.02 * jax.random.normal(key, (max_len, d_model), dtype)}
+    rng, dtype = _key(rng, required=True), float_dtype(dtype)
+    return {"table": 0.02 * jax.random.normal(rng, (max_len, d_model), dtype)}
 
 

@@ -375,8 +375,6 @@ class Mirror:
         """``("raise", type, message)`` or ``("ok", results)``."""
         kw = _convert(kwargs, self.array, self.dtypes, self.rng)
         args = kw.pop("masks") if function == "combine_masks" else ()
-        if self.name == "jax_impl" and "rng" in kw and function.startswith("init_"):
-            kw["key"] = kw.pop("rng")  # JAX's initialisers name their PRNG key ``key``
         try:
             with np.errstate(all="ignore"):
                 out = getattr(self.module, function)(*args, **kw)
@@ -403,7 +401,7 @@ def _refused_properly(outcome, function, extra=()):
     if exc_type not in (ValueError, TypeError):
         return f"raw {exc_type.__name__}: {message}"
     match = NAME.match(message)
-    names = set(inspect.signature(getattr(nr, function)).parameters) | set(extra) | {"rng", "key"}
+    names = set(inspect.signature(getattr(nr, function)).parameters) | set(extra) | {"rng"}
     if not match or match.group(1) not in names:
         return f"message does not start with an argument name: {message}"
     return None

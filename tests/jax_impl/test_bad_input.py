@@ -234,8 +234,8 @@ def test_no_key_gives_zeros_and_finite_zero_gradients_under_jit():
     assert float(value) == 0.0 and not np.asarray(grads[0]).any()
 
 
-def test_a_key_of_the_wrong_kind_is_a_type_error_naming_key_or_rng():
-    with pytest.raises(TypeError, match=r"^key: expected a JAX PRNG key, got int$"):
+def test_a_prng_key_of_the_wrong_kind_is_a_type_error_naming_rng():
+    with pytest.raises(TypeError, match=r"^rng: expected a JAX PRNG key, got int$"):
         ji.init_feed_forward(0, D, FF)
     with pytest.raises(TypeError, match=r"^rng: expected a JAX PRNG key or None, got int$"):
         ji.dropout(jnp.ones(3), 0.5, rng=0)
