@@ -84,6 +84,11 @@ class Case:
       tolerance: tolerance class, one of ``conformance.tolerances.CLASSES``.
       error: ``(exception type name, argument name)`` for error cases.
       note: what the case pins, one line (goes to the manifest).
+      zero_grads: ``((pattern, reason), ...)``: the gradients (flattened
+        ``wrt`` names, ``fnmatch`` patterns) that are zero by construction,
+        each with the one-line reason. Every other gradient must be non-zero
+        and every declared one zero (``tests/conformance/test_catalog.py``),
+        so a gradient a case stores is either checked or declared void.
     """
 
     name: str
@@ -92,6 +97,7 @@ class Case:
     tolerance: str = "default"
     error: tuple[str, str] | None = None
     note: str = ""
+    zero_grads: tuple[tuple[str, str], ...] = ()
 
     @property
     def seed(self) -> int:
@@ -125,8 +131,32 @@ class Case:
 CASES: list[Case] = []
 
 
-def _case(name, function, build, **kw):
-    CASES.append(Case(name, function, build, **kw))
+def _case(name, function, build, zero=(), key_bias=True, **kw):
+    """Append a case; ``zero`` adds its own structurally zero gradients to the
+    key bias's (``_ZERO_BY_FUNCTION``; ``key_bias=False`` where the case has
+    no attention, as an encoder of zero layers)."""
+    function_zero = _ZERO_BY_FUNCTION.get(function, ()) if key_bias and not kw.get("error") else ()
+    zero_grads = function_zero + tuple(zero)
+    CASES.append(Case(name, function, build, zero_grads=zero_grads, **kw))
+
+
+def _zero(names, why):
+    """``_zero("q k", "one key")`` -> ``(("q", "one key"), ("k", "one key"))``."""
+    return tuple((n, why) for n in names.split())
+
+
+_KEY_BIAS = ("b_k adds q . b_k to every score of a query row, which softmax ignores: "
+             "its gradient is identically 0")
+#: gradients zero in every case of a function
+_ONE_HOT = ("scores with a gap > 25 to the runner-up give one-hot weights: the softmax "
+            "Jacobian (< e^-25) rounds the gradient through the scores to ~0")
+_ONE_KEY = "one key: every weight is 1 whatever the scores"
+_NO_KEY = "no key (Lk = 0): nothing reaches the output"
+_ZERO_BY_FUNCTION = {
+    "multi_head_attention": _zero("params.b_k", _KEY_BIAS),
+    "encoder_layer": _zero("params.self_attn.b_k", _KEY_BIAS),
+    "encoder": _zero("params.layers.*.self_attn.b_k", _KEY_BIAS),
+}
 
 
 # --------------------------------------------------------------------------
@@ -369,10 +399,11 @@ for _m in ("none", "padding", "causal", "random", "fully-masked"):
 _case("softmax/axis-2", "softmax", partial(_softmax, axis=-2))
 _case("softmax/large-scores", "softmax",
       lambda r: _with_gap(lambda: _softmax(r, scale=1e4), lambda kw: kw["x"]),
-      note="|x| ~ 1e4 overflows exp without the max shift")
+      note="|x| ~ 1e4 overflows exp without the max shift", zero=_zero("x", _ONE_HOT))
 _case("softmax/neg-inf", "softmax", partial(_softmax, neg_inf=True),
       note="-inf entries act as masked; an all -inf row gives 0")
-_case("softmax/length1", "softmax", lambda r: {"x": _normal(r, 2, 3, 5, 1), "axis": -1, "mask": None})
+_case("softmax/length1", "softmax", lambda r: {"x": _normal(r, 2, 3, 5, 1), "axis": -1, "mask": None},
+      zero=_zero("x", "a softmax over one entry is 1 whatever the entry"))
 
 # --------------------------------------------------------------------------
 # scaled dot-product attention: B=2, H=3, Lq=5, Lk=7, Dk=4, Dv=6
@@ -393,7 +424,8 @@ def _sdpa(r, Lq=5, Lk=7, mask="none", bias=None, scale=None, dropout_p=0.0, rank
     if bias == "full":
         b = _normal(r, *batch, Lq, Lk)
     elif bias == "broadcast":
-        b = _normal(r, 1, H, Lq, 1)  # summed over B and Lk in the gradient
+        # varies along the keys (a bias constant along them is invisible to softmax)
+        b = _normal(r, 1, H, 1, Lk)  # summed over B and Lq in the gradient
     elif bias == "mask_to_bias":
         b = np.where(_attn_mask(r, "fully-masked", B, H, Lq, Lk), 0.0, -np.inf)
         b = b + _normal(r, B, H, Lq, Lk)  # finite entries carry a gradient
@@ -411,22 +443,23 @@ for _m in ("none", "padding", "causal", "padding+causal", "random", "fully-maske
 _case("sdpa/self/causal", _SDPA, partial(_sdpa, Lk=5, mask="causal"))
 _case("sdpa/cross/bias", _SDPA, partial(_sdpa, bias="full"))
 _case("sdpa/cross/bias-broadcast", _SDPA, partial(_sdpa, bias="broadcast", mask="padding"),
-      note="bias (1, H, Lq, 1): its gradient sums the broadcast axes")
+      note="bias (1, H, 1, Lk): its gradient sums the broadcast axes B and Lq")
 _case("sdpa/cross/mask_to_bias", _SDPA, partial(_sdpa, bias="mask_to_bias"),
       note="-inf bias entries act as masked, fully masked rows included")
 _case("sdpa/cross/bias+padding+causal", _SDPA, partial(_sdpa, bias="full", mask="padding+causal"))
 _case("sdpa/cross/scale", _SDPA, partial(_sdpa, scale=0.3, mask="padding"))
 _case("sdpa/cross/large-scores", _SDPA,
       lambda r: _with_gap(lambda: _sdpa(r, qk_scale=100.0, mask="causal"), _sdpa_scores),
-      note="scores ~1e4 overflow a naive softmax")
+      note="scores ~1e4 overflow a naive softmax", zero=_zero("q k", _ONE_HOT))
 _case("sdpa/cross/dropout", _SDPA, partial(_sdpa, dropout_p=0.25))
 _case("sdpa/cross/dropout+padding+causal", _SDPA, partial(_sdpa, dropout_p=0.4, mask="padding+causal"))
 _case("sdpa/rank3/cross/padding", _SDPA, partial(_sdpa, rank=3, mask="padding"))
 _case("sdpa/rank3/self/causal+bias", _SDPA, partial(_sdpa, rank=3, Lk=5, mask="causal", bias="full"))
 _case("sdpa/length1/query", _SDPA, partial(_sdpa, Lq=1, mask="padding"))
-_case("sdpa/length1/key", _SDPA, partial(_sdpa, Lk=1))
+_case("sdpa/length1/key", _SDPA, partial(_sdpa, Lk=1), zero=_zero("q k", _ONE_KEY))
 _case("sdpa/length0/key", _SDPA, partial(_sdpa, Lk=0),
-      note="Lk = 0: every row fully masked; out 0, weights (B, H, Lq, 0), gradients 0")
+      note="Lk = 0: every row fully masked; out 0, weights (B, H, Lq, 0), gradients 0",
+      zero=_zero("q k v", _NO_KEY))
 
 # --------------------------------------------------------------------------
 # additive attention: B=2, Lq=3, Lk=7, Dq=5, Dk=6, A=4
@@ -459,10 +492,11 @@ for _m in ("none", "padding", "3d", "causal", "padding+causal", "fully-masked"):
 _case("additive/length1/query", "additive_attention", partial(_additive, Lq=1, mask="padding"),
       note="one decoder step, as in Bahdanau")
 _case("additive/length0/keys", "additive_attention",
-      lambda r: {**_additive(r), "keys": _normal(r, 2, 0, 6)}, note="Lk = 0: context 0, weights (B, Lq, 0)")
+      lambda r: {**_additive(r), "keys": _normal(r, 2, 0, 6)}, note="Lk = 0: context 0, weights (B, Lq, 0)",
+      zero=_zero("query keys params.w_1 params.w_2 params.v", _NO_KEY))
 _case("additive/large-scores", "additive_attention",
       lambda r: _with_gap(lambda: _additive(r, v_scale=1e4), _additive_scores),
-      note="scores ~1e4 overflow a naive softmax")
+      note="scores ~1e4 overflow a naive softmax", zero=_zero("query params.w_1 params.w_2 params.v", _ONE_HOT))
 
 # --------------------------------------------------------------------------
 # multi-head attention: B=2, H=3, Lq=5, Lk=7, D=12 (Dh=4)
@@ -480,6 +514,8 @@ def _mha(r, Lq=5, Lk=7, self_attn=False, mask="none", bias=None, dropout_p=0.0, 
     b = None
     if bias == "full":
         b = _normal(r, B, H, Lq, Lk)
+    elif bias == "broadcast":
+        b = _normal(r, B, 1, 1, Lk)  # per key, summed over H and Lq in the gradient
     elif bias == "large":
         b = _normal(r, B, H, Lq, Lk, scale=1e4)
     elif bias == "mask_to_bias":
@@ -507,17 +543,22 @@ for _m in ("none", "padding", "causal", "padding+causal"):
 for _m in ("none", "padding", "causal", "padding+causal", "random", "fully-masked"):
     _case(f"mha/cross/{_m}", _MHA, partial(_mha, mask=_m))
 _case("mha/cross/bias", _MHA, partial(_mha, bias="full", mask="padding"))
+_case("mha/cross/bias-broadcast", _MHA, partial(_mha, bias="broadcast", mask="causal"),
+      note="bias (B, 1, 1, Lk): its gradient sums the broadcast axes H and Lq")
 _case("mha/cross/mask_to_bias", _MHA, partial(_mha, bias="mask_to_bias"),
       note="bias = mask_to_bias(fully-masked mask): must equal mask=")
 _case("mha/cross/dropout", _MHA, partial(_mha, dropout_p=0.3, mask="padding+causal"))
 _case("mha/cross/large-scores", _MHA,
       lambda r: _with_gap(lambda: _mha(r, bias="large"), lambda kw: _mha_scores(kw) + kw["bias"]),
       note="scores ~1e4 through the bias (projected scores ~1e4 make the gradients w.r.t. "
-           "the projections ill-conditioned, see docs/CONFORMANCE.md)")
-_case("mha/self/length1", _MHA, partial(_mha, Lq=1, self_attn=True))
+           "the projections ill-conditioned, see docs/CONFORMANCE.md)",
+      zero=_zero("query key params.w_q params.b_q params.w_k bias", _ONE_HOT))
+_case("mha/self/length1", _MHA, partial(_mha, Lq=1, self_attn=True),
+      zero=_zero("query key params.w_q params.b_q params.w_k", _ONE_KEY))
 _case("mha/cross/one-head", _MHA, partial(_mha, H=1, mask="causal"))
 _case("mha/cross/twelve-heads", _MHA, partial(_mha, H=12, mask="padding"), note="Dh = 1")
-_case("mha/length0/key", _MHA, partial(_mha, Lk=0), note="Lk = 0: no key at all, so out = b_o")
+_case("mha/length0/key", _MHA, partial(_mha, Lk=0), note="Lk = 0: no key at all, so out = b_o",
+      zero=_zero("query key value params.w_q params.b_q params.w_k params.w_v params.b_v params.w_o", _NO_KEY))
 
 # --------------------------------------------------------------------------
 # layers: linear (B=2, L=5, D_in=6, D_out=9), layer norm / feed-forward (D=12, F=20)
@@ -537,7 +578,8 @@ _case("layer_norm/rank2", "layer_norm",
       lambda r: {"x": _normal(r, 5, 12), "params": _ln_params(r, 12), "eps": 1e-5})
 _case("layer_norm/d1", "layer_norm",
       lambda r: {"x": _normal(r, 2, 5, 1), "params": _ln_params(r, 1), "eps": 1e-5},
-      note="D=1: every row is constant, out = beta")
+      note="D=1: every row is constant, out = beta",
+      zero=_zero("x params.gamma", "D = 1: x - mean(x) = 0, so out = beta whatever x and gamma"))
 
 
 def _ffn(r, activation="relu", dropout_p=0.0, shape=(2, 5)):
@@ -631,8 +673,8 @@ _case("encoder/pre/no-final-norm/gelu/padding+causal", "encoder",
 _case("encoder/post/dropout", "encoder", partial(_encoder, dropout_p=0.2, mask="causal"))
 _case("encoder/pre/three-layers", "encoder", partial(_encoder, num_layers=3, norm_first=True))
 _case("encoder/post/one-layer", "encoder", partial(_encoder, num_layers=1, final_norm=False))
-_case("encoder/post/zero-layers", "encoder", partial(_encoder, num_layers=0, final_norm=False),
-      note="no layer, no norm: out = x (a new array)")
+_case("encoder/post/zero-layers", "encoder", partial(_encoder, num_layers=0, final_norm=False, mask="none"),
+      note="no layer, no norm: out = x (a new array)", key_bias=False)
 
 # --------------------------------------------------------------------------
 # error cases: (exception type, argument the message starts with)
