@@ -377,6 +377,29 @@ def test_encoder_names_match_their_configuration(name):
         assert kw["activation"] == ("gelu" if "gelu" in parts else "relu")
 
 
+#: a configuration a case name promises -> (argument, its default)
+DEFAULTS = {"eps": ("eps", 1e-5), "scale": ("scale", None)}
+
+
+@pytest.mark.parametrize("name", [n for n in VALUE if n.split("/")[-1] in DEFAULTS])
+def test_a_case_named_for_a_setting_sets_it_to_a_value_that_matters(name):
+    """``layer_norm/eps``, ``sdpa/cross/scale``: the setting differs from its
+    default, and the default gives another output."""
+    arg, default = DEFAULTS[name.split("/")[-1]]
+    call, outputs, _ = computed(name)
+    assert call.kwargs[arg] != default
+    change = max_change(outputs, with_kwargs(call, **{arg: default}))
+    assert change > noise(outputs), f"{arg}={call.kwargs[arg]} gives the default's output"
+
+
+@pytest.mark.parametrize("name", [n for n in VALUE if any(p.startswith("rank") for p in n.split("/"))])
+def test_a_case_named_rank_n_has_an_input_of_rank_n(name):
+    rank = int(next(p for p in name.split("/") if p.startswith("rank"))[4:])
+    kw = CASES_BY_NAME[name].call().kwargs
+    first = kw["q"] if "q" in kw else kw["x"]
+    assert first.ndim == rank
+
+
 # --------------------------------------------------------------------------
 # bitwise determinism of the built-in backends
 
