@@ -491,7 +491,7 @@ def fuzz(backend, n: int | None = 100, seconds: float | None = None, seed: int =
 
     Stops after ``n`` configurations or ``seconds`` seconds, whichever comes
     first (either may be None). The same ``seed``, functions and dtypes give
-    the same configurations. ``report(line)`` gets one line per failure.
+    the same configurations. ``report(finding)`` is called on each failure.
     """
     dtypes = [d for d in backend.dtypes if dtypes is None or d in dtypes]
     functions = list(functions or SCHEMA)
@@ -518,17 +518,18 @@ def fuzz(backend, n: int | None = 100, seconds: float | None = None, seed: int =
                     found = Finding(format_spec(config), outcome.case, config["dtype"], outcome.problems)
                     out.failures.append(found)
                     if report:
-                        report(_finding_lines(backend.name, found))
+                        report(found)
     out.seconds = time.perf_counter() - start
     return out
 
 
-def _finding_lines(backend: str, f: Finding, verbose: bool = False) -> str:
+def _finding_lines(backend, spec: str, f: Finding, verbose: bool = False) -> str:
+    """The runner's line(s) of a failure, then the command that replays it (``spec``: the --backend)."""
     problems = f.problems if verbose else f.problems[:1]
     more = "" if verbose or len(f.problems) < 2 else f" (+{len(f.problems) - 1} more)"
-    lines = [f"FAIL {backend} {f.dtype} {f.case}: {p}" for p in problems]
+    lines = [f"FAIL {backend.name} {f.dtype} {f.case}: {p}" for p in problems]
     lines[-1] += more
-    lines.append(f"  replay: python -m conformance fuzz --backend {backend} --replay '{f.spec}'")
+    lines.append(f"  replay: python -m conformance fuzz --backend {spec} --replay '{f.spec}'")
     return "\n".join(lines)
 
 
@@ -605,7 +606,8 @@ def main(argv=None) -> int:
 
     n = args.n if args.n is not None or args.seconds is not None else 100
     report = fuzz(backend, n=n, seconds=args.seconds, seed=args.seed, dtypes=args.dtype,
-                  functions=args.function, device=args.device, report=print)
+                  functions=args.function, device=args.device,
+                  report=lambda found: print(_finding_lines(backend, args.backend, found, args.verbose)))
     if report.setup_problem:
         print(f"FAIL backend {backend.name}: {report.setup_problem}")
         return 1
@@ -636,7 +638,7 @@ def _replay(backend, config, args) -> int:
         print(f"backend {backend.name} does not support {config['function']}: nothing checked")
         return 1
     if outcome.status == "fail":
-        print(_finding_lines(backend.name, Finding(spec, outcome.case, config["dtype"], outcome.problems), True))
+        print(_finding_lines(backend, args.backend, Finding(spec, outcome.case, config["dtype"], outcome.problems), True))
         return 1
     print(f"PASS {backend.name} {config['dtype']} {outcome.case} (out {outcome.out_ratio}, grad {outcome.grad_ratio}): {spec}")
     return 0
