@@ -166,10 +166,11 @@ def _draw_fields(function: str, r) -> dict:
         return {"lead": _shape_word(dims[2:]), "D_in": dims[0], "D_out": dims[1], "bias": bool(r.random() < 0.7)}
     if function == "layer_norm":
         dims = _distinct(r, 1 + int(r.integers(1, 3)))
-        # offsets stay <= 4 std: at 50 std the float32 rounding of the mean alone moves the
-        # reference's own float32 output past the float32 table (ratio 12 at offset 100, std 2)
+        # offsets stay below the std (2): the float32 rounding of a large mean alone moves the
+        # reference's own float32 output past the float32 table (ratio 12 at offset 100, 1.7 at
+        # offset 8 with D = 3), which measures the draw, not the backend
         return {"lead": _shape_word(dims[1:]), "D": dims[0], "eps": pick([1e-5, 1e-5, 1e-3, 0.1]),
-                "offset": pick([0.0, 0.0, 1.5, 8.0])}
+                "offset": pick([0.0, 0.0, 1.5])}
     if function == "feed_forward":
         B, L, D, F = _distinct(r, 4)
         return {"B": B, "L": L, "D": D, "F": F, "activation": pick(ACTIVATIONS), "dropout_p": pick(P_DROP)}
@@ -295,6 +296,16 @@ def _mask(r, c, B, H, Lq, Lk):
     return m
 
 
+def _valid(scores, mask):
+    """``scores`` with masked entries replaced by far-apart huge negatives, for ``_with_gap``:
+    the gap that matters is between the two largest *unmasked* scores of a row (a row with
+    fewer than two has none to keep)."""
+    if mask is None:
+        return scores
+    far = -1e30 * (1.0 + np.arange(scores.shape[-1]))  # (Lk,) each 1e30 from the next
+    return np.where(mask, scores, far)
+
+
 def _build_softmax(r, c):
     B, H, Lq, Lk, axis = c["B"], c["H"], c["Lq"], c["Lk"], c["axis"]
     mask = _mask(r, c, B, H, Lq, Lk)
@@ -305,7 +316,10 @@ def _build_softmax(r, c):
             x[r.random(x.shape) < 0.15] = -np.inf
         return {"x": x, "axis": axis, "mask": mask}
     if c["scores"] == "large" and (Lq if axis == -2 else H if axis == 1 else Lk) > 1:
-        return _with_gap(draw, lambda kw: np.moveaxis(np.where(np.isinf(kw["x"]), 0, kw["x"]), axis, -1))
+        def scores(kw):
+            valid = np.broadcast_to(True if mask is None else mask, kw["x"].shape) & ~np.isinf(kw["x"])
+            return _valid(np.moveaxis(np.where(valid, kw["x"], 0.0), axis, -1), np.moveaxis(valid, axis, -1))
+        return _with_gap(draw, scores)
     return draw()
 
 
@@ -333,7 +347,7 @@ def _build_sdpa(r, c):
 
     def scores(kw):
         s = kw["q"] @ np.swapaxes(kw["k"], -1, -2) / np.sqrt(Dk)
-        return s if kw["bias"] is None else s + kw["bias"]
+        return _valid(s if kw["bias"] is None else s + kw["bias"], mask)
     return _with_gap(draw, scores) if large and Lk > 1 else draw()
 
 
@@ -347,7 +361,8 @@ def _build_additive(r, c):
         params = {"w_1": _normal(r, Dk, A, scale=1 / np.sqrt(Dk)), "w_2": _normal(r, Dq, A, scale=1 / np.sqrt(Dq)),
                   "v": _normal(r, A, scale=1e4 if c["scores"] == "large" else 1.0)}
         return {"query": _normal(r, B, Lq, Dq), "keys": _normal(r, B, Lk, Dk), "params": params, "mask": mask}
-    return _with_gap(draw, _additive_scores) if c["scores"] == "large" and Lk > 1 else draw()
+    large = c["scores"] == "large" and Lk > 1
+    return _with_gap(draw, lambda kw: _valid(_additive_scores(kw), mask)) if large else draw()
 
 
 def _build_mha(r, c):
