@@ -8,6 +8,7 @@ Usage::
     python -m conformance --list                # cases and backends
     python -m conformance generate [--check]    # bring conformance/fixtures up to date with numpy_ref (or only compare)
     python -m conformance bench ...             # conformance.bench:main
+    python -m conformance fuzz --backend torch [--n N] [--seed S] [--dtype D]   # random configurations
 
 Exit status: 0 when every case passed and every backend certified something;
 1 on any failure (a case, a corrupt fixture, a backend asked for by
@@ -36,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m conformance",
         description="Check backends against the numpy_ref fixtures, outputs and gradients. "
-        "Subcommands: `generate` (rewrite or --check the fixtures), `bench` (benchmarks).",
+        "Subcommands: `generate` (rewrite or --check the fixtures), `bench` (benchmarks), "
+        "`fuzz` (random configurations, judged like the catalog).",
     )
     p.add_argument("--backend", action="append", metavar="NAME",
                    help=f"a built-in ({', '.join(BUILTINS)}) or package.module:ClassName; "
@@ -203,6 +205,10 @@ def main(argv=None) -> int:
         return _generate(argv[1:])
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
+    if argv[:1] == ["fuzz"]:
+        from .fuzz import main as fuzz
+
+        return fuzz(argv[1:])
     args = _parser().parse_args(argv)
     start = time.perf_counter()
     # everything that can be wrong on the command line is refused before anything runs

@@ -39,7 +39,7 @@ import numpy as np
 
 from .protocol import Call, flatten, output_names
 
-__all__ = ["Case", "CASES", "CASES_BY_NAME", "MODULES", "component", "cases"]
+__all__ = ["Case", "CASES", "CASES_BY_NAME", "MODULES", "component", "cases", "from_spec"]
 
 #: the file of each public function (``Call.module``)
 MODULES = {
@@ -966,6 +966,28 @@ def _encoder_bad_site(r):
     kw = _encoder(r, dropout_p=0.2)
     kw["dropout_masks"][1]["ffn"] = _keep(r, (2, 5, 12), 0.2)  # (B, L, D), not (B, L, F)
     return kw
+
+
+# --------------------------------------------------------------------------
+# configurations found by `python -m conformance fuzz`, kept as cases
+
+
+def from_spec(spec: str, name: str | None = None, note: str = "") -> Case:
+    """The case of a spec line printed by ``python -m conformance fuzz``.
+
+    Named ``<component>/fuzz/<seed>`` by default, which draws the very arrays
+    and cotangents the fuzzer judged; another name keeps the configuration
+    and draws afresh. To keep a finding: ``_fuzzed("<spec>")`` below, then
+    ``python -m conformance generate``.
+    """
+    from .fuzz import case_from_spec
+
+    return case_from_spec(spec, name, note)
+
+
+def _fuzzed(spec: str, name: str | None = None, note: str = ""):
+    case = from_spec(spec, name, note)
+    CASES.append(case)
 
 
 CASES_BY_NAME = {c.name: c for c in CASES}

@@ -51,7 +51,7 @@ from .protocol import Call
 __all__ = [
     "FORMAT", "DEFAULT_DIR", "MAX_FILE_BYTES", "MAX_ARRAY_BYTES",
     "ManifestError", "FixtureError", "Fixture",
-    "spec_version", "load_manifest", "load_fixture", "save_npz", "skeleton", "case_file",
+    "spec_version", "load_manifest", "load_fixture", "fixture_from_arrays", "save_npz", "skeleton", "case_file",
 ]
 
 FORMAT = 1
@@ -566,7 +566,18 @@ def load_fixture(entry: dict, directory: Path | str = DEFAULT_DIR) -> Fixture:
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise FixtureError(f"{name}: {filename} does not match its sha256 in the manifest (corrupt or edited)")
     arrays = _read_npz(data, _members(entry, refs, wrt), f"{name}: {filename}")
+    return fixture_from_arrays(entry, arrays)
 
+
+def fixture_from_arrays(entry: dict, arrays: dict) -> Fixture:
+    """The :class:`Fixture` of a manifest entry and its arrays by ``.npz`` key, in memory.
+
+    What :func:`load_fixture` returns once the file is read and checked; also
+    what ``conformance.fuzz`` judges a fresh configuration with, straight from
+    :func:`conformance.generate.build_fixture` (``(entry, arrays)``, trusted:
+    nothing here validates them).
+    """
+    name = entry["name"]
     kwargs = _rebuild(entry["kwargs"], arrays)
     error = entry["error"]
     if error is not None:
@@ -576,7 +587,7 @@ def load_fixture(entry: dict, directory: Path | str = DEFAULT_DIR) -> Fixture:
     def section(prefix, names):
         return {n: arrays[f"{prefix}/{n}"] for n in names}
 
-    wrt = tuple(wrt)
+    wrt = tuple(entry["wrt"])
     outs = tuple(entry["outputs"])
     cotangents = section("cot", outs) if wrt else {}
     call = Call(name, entry["function"], entry["module"], kwargs, wrt, cotangents)

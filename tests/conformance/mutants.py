@@ -1,0 +1,539 @@
+"""Single-bug adapters ("mutants"): the numpy reference with one function swapped.
+
+Each :class:`Mutant` is a bug that kernel authors actually write (a scale of
+``1/Dh``, a ``-1e9`` mask, a softmax without the max shift, unbiased variance,
+sin and cos swapped, ...), planted by replacing exactly one function or
+table of ``numpy_ref`` for the duration of one ``run``. numpy_ref's functions
+call each other through module globals, so replacing ``attention._scale``
+reaches scaled dot-product attention, multi-head attention and both encoder
+functions, forward and backward. A name imported into several modules
+(``from .layers import _dropout``) is replaced in every module that holds it.
+
+``catches`` are the cases that must fail, derived from what the case
+exercises (not copied from a run); ``spares`` are cases that, by the same
+reasoning, cannot see the bug (a ``1/Dh`` scale is right when ``Dh = 1``),
+so the reasoning is checked both ways. ``escape`` says why no case of
+today's catalog catches the mutant (``catches`` is then empty).
+
+``python -m tests.conformance.mutants`` prints every mutant with the cases
+that catch it, and the table case family -> mutants caught.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import sys
+from collections import Counter
+from typing import Callable
+from unittest import mock
+
+import numpy as np
+
+from conformance.backends.numpy_backend import NumpyBackend
+from conformance.runner import Session, load_all
+from numpy_ref import attention as A
+from numpy_ref import encoder as E
+from numpy_ref import layers as Ly
+from numpy_ref._checks import float_dtype, rules
+
+__all__ = ["Mutant", "MUTANTS", "MUTANTS_BY_NAME", "swapped", "backend_class", "failing",
+           "catch_table", "format_report"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    """One planted bug.
+
+    Attributes:
+      name: ``"family/bug"``, e.g. ``"scale/one-over-dh"``.
+      bug: the bug in one line.
+      seam: ``"module.attribute"`` under ``numpy_ref`` that is replaced.
+      make: ``make(original) -> replacement``.
+      catches: cases that must fail (empty for an escape).
+      spares: cases that cannot see the bug and must pass.
+      escape: why no case catches it today, or None.
+    """
+
+    name: str
+    bug: str
+    seam: str
+    make: Callable
+    catches: frozenset = frozenset()
+    spares: frozenset = frozenset()
+    escape: str | None = None
+
+    @property
+    def family(self) -> str:
+        return self.name.split("/", 1)[0]
+
+
+@contextlib.contextmanager
+def swapped(seam: str, make: Callable):
+    """Replace ``numpy_ref.<seam>`` by ``make(original)`` in every numpy_ref module holding it."""
+    module_name, _, attr = ("numpy_ref." + seam).rpartition(".")
+    original = getattr(sys.modules[module_name], attr)
+    replacement = make(original)
+    holders = [m for n, m in list(sys.modules.items())
+               if (n == "numpy_ref" or n.startswith("numpy_ref.")) and getattr(m, attr, None) is original]
+    with contextlib.ExitStack() as stack:
+        for module in holders:
+            stack.enter_context(mock.patch.object(module, attr, replacement))
+        yield
+
+
+def backend_class(mutant: Mutant) -> type:
+    """A float64 NumpyBackend subclass that runs every call with ``mutant`` planted."""
+
+    class MutantBackend(NumpyBackend):
+        name = "mutant-" + mutant.name.replace("/", "-")
+        dtypes = ("float64",)
+
+        def run(self, call, dtype):
+            with swapped(mutant.seam, mutant.make), np.errstate(all="ignore"):
+                return super().run(call, dtype)
+
+    MutantBackend.__qualname__ = MutantBackend.__name__ = "Mutant_" + mutant.name.replace("/", "_").replace("-", "_")
+    MutantBackend.mutant = mutant
+    return MutantBackend
+
+
+# --------------------------------------------------------------------------
+# the replacements (each the reference's code with the one bug)
+
+
+def _softmax_no_max(x, mask, axis):
+    valid = x != -np.inf
+    if mask is not None:
+        valid = valid & mask
+    e = np.where(valid, np.exp(np.where(valid, x, 0.0)), 0.0)  # no max shift: exp(1e4) = inf
+    s = np.sum(e, axis=axis, keepdims=True)
+    return e / np.where(s == 0, 1.0, s)
+
+
+def _softmax_nan_rows(x, mask, axis):
+    valid = x != -np.inf
+    if mask is not None:
+        valid = valid & mask
+    m = np.max(np.where(valid, x, -np.inf), axis=axis, keepdims=True, initial=-np.inf)
+    m = np.where(m == -np.inf, 0.0, m)
+    e = np.where(valid, np.exp(np.where(valid, x, m) - m), 0.0)
+    return e / np.sum(e, axis=axis, keepdims=True)  # an empty row: 0 / 0 = NaN
+
+
+def _uniform_empty_rows(original):
+    def softmax(x, mask, axis):
+        p = original(x, mask, axis)
+        if x.shape[axis] == 0:
+            return p
+        empty = np.sum(p, axis=axis, keepdims=True) == 0
+        return np.where(empty, 1.0 / x.shape[axis], p)  # jax.nn's fully masked row: mean of V
+    return softmax
+
+
+def _probs_over_queries(q, k, mask, bias, scale):
+    scores = A._upcast(q) @ np.swapaxes(A._upcast(k), -1, -2) * scale
+    if bias is not None:
+        scores = scores + A._upcast(bias)
+    return A._masked_softmax(scores, mask, -2)  # normalised over the queries
+
+
+def _variance_with(var_of):
+    def normalize(x, eps):
+        x = Ly._upcast(x)
+        centered = x - x.mean(axis=-1, keepdims=True)
+        inv_std = 1.0 / np.sqrt(var_of(x, centered) + eps)
+        return centered * inv_std, inv_std
+    return normalize
+
+
+def _normalize_eps_outside(x, eps):
+    x = Ly._upcast(x)
+    centered = x - x.mean(axis=-1, keepdims=True)
+    inv_std = 1.0 / (np.sqrt((centered * centered).mean(axis=-1, keepdims=True)) + eps)
+    return centered * inv_std, inv_std
+
+
+def _sinusoidal(layout):
+    def sinusoidal_encoding(max_len, d_model, dtype=np.float64):
+        max_len, d_model = rules.sinusoidal(max_len, d_model)
+        dtype = float_dtype(dtype)
+        pos = np.arange(max_len, dtype=np.float64)[:, None]
+        two_i = np.arange(0, d_model, 2, dtype=np.float64)
+        angle = pos / 10000.0 ** ((two_i / 2 if layout == "exponent-i" else two_i) / d_model)
+        table = np.zeros((max_len, d_model))
+        if layout == "swapped":
+            table[:, 0::2] = np.cos(angle)
+            table[:, 1::2] = np.sin(angle[:, : d_model // 2])
+        elif layout == "halves":
+            table = np.concatenate([np.sin(angle), np.cos(angle[:, : d_model // 2])], axis=1)
+        elif layout == "pairs-only":  # D // 2 (sin, cos) pairs; an odd D's last column stays 0
+            pairs = d_model // 2
+            table[:, 0: 2 * pairs: 2] = np.sin(angle[:, :pairs])
+            table[:, 1: 2 * pairs: 2] = np.cos(angle[:, :pairs])
+        else:  # exponent-i
+            table[:, 0::2] = np.sin(angle)
+            table[:, 1::2] = np.cos(angle[:, : d_model // 2])
+        return table.astype(dtype)
+    return sinusoidal_encoding
+
+
+def _causal(relation):
+    def causal_mask(Lq, Lk=None):
+        Lq, Lk = rules.causal_mask(Lq, Lk)
+        return relation(np.arange(Lk)[None, :], np.arange(Lq)[:, None], Lq, Lk)  # (Lq, Lk)
+    return causal_mask
+
+
+def _padding_off_by_one(original):
+    def padding_mask(lengths=None, max_len=None, *, tokens=None, pad_id=0):
+        if tokens is not None:
+            return original(lengths, max_len, tokens=tokens, pad_id=pad_id)
+        lengths, max_len, tokens, pad_id = rules.padding_mask(lengths, max_len, tokens, pad_id)
+        keep = np.arange(max_len) <= np.asarray(lengths)[:, None]  # <= instead of <
+        return keep[:, None, None, :]
+    return padding_mask
+
+
+def _split_by_reshape(x, num_heads):
+    B, L, D = x.shape
+    return x.reshape(B, num_heads, L, D // num_heads)  # no transpose: heads cut across positions
+
+
+def _merge_dh_major(x):
+    B, H, L, Dh = x.shape
+    return x.transpose(0, 2, 3, 1).reshape(B, L, H * Dh)  # (B, L, Dh, H): head index fastest
+
+
+def _project_w_transposed(query, key, value, params, num_heads):
+    q = query @ params["w_q"].T + params["b_q"]  # (out, in) habit on a square (D, D) matrix
+    k = key @ params["w_k"] + params["b_k"]
+    v = value @ params["w_v"] + params["b_v"]
+    return tuple(A._split_heads(x, num_heads) for x in (q, k, v))
+
+
+def _grads_dq_unscaled(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped):
+    dv = np.swapaxes(dropped, -1, -2) @ d_out
+    dp = A._dropout(d_out @ np.swapaxes(v, -1, -2), keep, dropout_p)
+    if d_weights is not None:
+        dp = dp + d_weights
+    ds = A._softmax_grad(p, dp)
+    dq = ds @ k  # the scale forgotten
+    dk = np.swapaxes(ds, -1, -2) @ q * scale
+    grads = {"q": dq, "k": dk, "v": dv}
+    if bias is not None:
+        grads["bias"] = A._sum_to_shape(ds, bias.shape)
+    return grads
+
+
+def _gamma_grad_batch_only(original):
+    def layer_norm_backward(d_out, x, params, eps=1e-5):
+        grads = original(d_out, x, params, eps)
+        x_hat, _ = Ly._normalize(x, eps)
+        grads["params"]["gamma"] = (d_out * x_hat).sum(axis=0)  # the batch axis only, not every leading one
+        return grads
+    return layer_norm_backward
+
+
+def _bias_grad_batch_only(original):
+    def linear_backward(d_out, x, w, b=None):
+        grads = original(d_out, x, w, b)
+        if b is not None:
+            grads["b"] = d_out.sum(axis=0)  # the batch axis only, not every leading one
+        return grads
+    return linear_backward
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _encoder_layer_no_attn_residual(x, params, num_heads, *, mask=None, norm_first=False,
+                                    activation="relu", eps=1e-5, dropout_p=0.0, dropout_masks=None,
+                                    rng=None):
+    masks, shapes = rules.encoder_layer(x, params, num_heads, mask, norm_first, activation, eps,
+                                        dropout_p, dropout_masks)
+    masks = E._draw_missing(masks, shapes, dropout_p, rng)
+    s = E._Sublayers(params, num_heads, mask, activation, eps, dropout_p, masks)
+    if norm_first:
+        h = s.drop_attn(s.attn(s.norm1(x)))  # x + forgotten
+        return h + s.drop_ffn(s.ffn(s.norm2(h)))
+    h = s.norm1(s.drop_attn(s.attn(x)))  # x + forgotten
+    return s.norm2(h + s.drop_ffn(s.ffn(h)))
+
+
+# --------------------------------------------------------------------------
+# the catalog of mutants
+
+#: cases by what they exercise (names of conformance/cases.py), to derive catches from
+SDPA_PLAIN = {"sdpa/cross/none", "sdpa/cross/padding", "sdpa/cross/causal", "sdpa/self/causal"}
+MHA_PLAIN = {"mha/self/none", "mha/cross/none", "mha/cross/padding", "mha/cross/causal"}
+ENC_LAYERS = {"encoder_layer/post/relu", "encoder_layer/pre/relu", "encoder_layer/post/gelu",
+              "encoder_layer/pre/gelu", "encoder_layer/post/causal", "encoder_layer/pre/causal"}
+ENC_STACKS = {"encoder/post/final-norm", "encoder/pre/final-norm", "encoder/post/no-final-norm",
+              "encoder/pre/three-layers"}
+FULLY_MASKED = {"softmax/fully-masked", "sdpa/cross/fully-masked", "mha/cross/fully-masked",
+                "additive/cross/fully-masked", "encoder_layer/post/fully-masked"}
+LARGE_SCORES = {"softmax/large-scores", "sdpa/cross/large-scores", "additive/large-scores",
+                "mha/cross/large-scores"}
+PADDING = {"softmax/padding", "sdpa/cross/padding", "additive/cross/padding", "mha/cross/padding"}
+DROPOUT = {"dropout/p0.25", "dropout/p0.9", "sdpa/cross/dropout", "sdpa/cross/dropout+padding+causal",
+           "mha/cross/dropout", "feed_forward/relu/dropout", "feed_forward/gelu/dropout",
+           "encoder_layer/post/dropout", "encoder_layer/pre/dropout", "encoder/post/dropout"}
+ATTN_DROPOUT = {"sdpa/cross/dropout", "sdpa/cross/dropout+padding+causal", "mha/cross/dropout",
+                "encoder_layer/post/dropout", "encoder_layer/pre/dropout", "encoder/post/dropout"}
+LAYER_NORM = {"layer_norm/default", "layer_norm/eps", "layer_norm/rank2"}
+GELU = {"feed_forward/gelu", "feed_forward/gelu/dropout", "feed_forward/gelu/rank4",
+        "encoder_layer/post/gelu", "encoder_layer/pre/gelu", "encoder_layer/post/no-mask",
+        "encoder/pre/no-final-norm/gelu/padding+causal"}
+ZERO_LAYERS = {"encoder/post/zero-layers"}
+
+
+def _m(name, bug, seam, make, catches=(), spares=(), escape=None):
+    return Mutant(name, bug, seam, make, frozenset(catches), frozenset(spares), escape)
+
+
+def _const(value):
+    return lambda original: value
+
+
+MUTANTS = [
+    # scale
+    _m("scale/one-over-dh", "scale = 1/Dh instead of 1/sqrt(Dh)", "attention._scale",
+       _const(lambda q, scale: 1.0 / q.shape[-1] if scale is None else float(scale)),
+       SDPA_PLAIN | MHA_PLAIN | ENC_LAYERS | ENC_STACKS,
+       spares={"mha/cross/twelve-heads", "sdpa/cross/scale"}),  # Dh = 1: 1/Dh = 1/sqrt(Dh); scale given
+    _m("scale/ignored-when-given", "an explicit scale is ignored (always 1/sqrt(Dk))", "attention._scale",
+       _const(lambda q, scale: 1.0 / math.sqrt(q.shape[-1])),
+       {"sdpa/cross/scale"}, spares=SDPA_PLAIN | MHA_PLAIN),
+    _m("scale/zero-means-default", "`scale or 1/sqrt(Dk)`: an explicit scale 0 becomes the default",
+       "attention._scale", _const(lambda q, scale: float(scale or 1.0 / math.sqrt(q.shape[-1]))),
+       spares={"sdpa/cross/scale"} | SDPA_PLAIN,
+       escape="no case passes scale=0 (a scale-0 case is being added)"),
+    # masks
+    _m("mask/polarity-inverted", "True taken as 'masked out'", "attention._masked_softmax",
+       lambda orig: lambda x, mask, axis: orig(x, None if mask is None else ~mask, axis),
+       PADDING | {"sdpa/cross/causal", "mha/cross/causal", "encoder_layer/post/causal"},
+       spares={"sdpa/cross/none", "mha/cross/none", "softmax/none", "encoder_layer/post/no-mask"}),
+    _m("mask/additive-minus-1e9", "masking by adding -1e9 to the scores, not by selection",
+       "attention._masked_softmax",
+       lambda orig: lambda x, mask, axis: orig(x if mask is None else x + np.where(mask, 0.0, -1e9), None, axis),
+       FULLY_MASKED,  # a fully masked row attends uniformly; elsewhere exp(-1e9) is exactly 0
+       spares=PADDING | {"sdpa/cross/mask_to_bias", "softmax/neg-inf"}),  # -inf bias rows: selection still
+    _m("mask/fully-masked-nan", "a fully masked row divides 0 by 0 (NaN)", "attention._masked_softmax",
+       _const(_softmax_nan_rows),
+       FULLY_MASKED | {"sdpa/cross/mask_to_bias", "mha/cross/mask_to_bias", "softmax/neg-inf"},
+       spares=PADDING | {"sdpa/length0/key", "mha/length0/key"}),  # Lk = 0: an empty division, no NaN
+    _m("mask/fully-masked-mean-of-v", "a fully masked row attends uniformly (jax.nn's behaviour)",
+       "attention._masked_softmax", _uniform_empty_rows,
+       FULLY_MASKED | {"sdpa/cross/mask_to_bias", "mha/cross/mask_to_bias", "softmax/neg-inf"},
+       spares=PADDING | {"sdpa/length0/key"}),
+    _m("mask/causal-diagonal-excluded", "causal mask j < i: a query cannot see itself", "masks.causal_mask",
+       _const(_causal(lambda j, i, Lq, Lk: j < i)),
+       {"masks/causal/square", "masks/causal/wide", "masks/causal/tall", "masks/causal/length1"}),
+    _m("mask/causal-transposed", "causal mask transposed (j >= i, upper triangle)", "masks.causal_mask",
+       _const(_causal(lambda j, i, Lq, Lk: j >= i)),
+       {"masks/causal/square", "masks/causal/wide", "masks/causal/tall"},
+       spares={"masks/causal/length1"}),  # 1 x 1: the diagonal only
+    _m("mask/causal-bottom-right", "causal mask aligned bottom-right (j <= i + Lk - Lq)", "masks.causal_mask",
+       _const(_causal(lambda j, i, Lq, Lk: j <= i + (Lk - Lq))),
+       {"masks/causal/wide", "masks/causal/tall"},
+       spares={"masks/causal/square", "masks/causal/length1"}),  # Lq = Lk: both alignments agree
+    _m("mask/padding-off-by-one", "padding mask j <= length instead of j < length", "masks.padding_mask",
+       _padding_off_by_one,
+       {"masks/padding/lengths", "masks/padding/lengths+max_len", "masks/padding/zero-length"},
+       spares={"masks/padding/tokens", "masks/padding/tokens+pad_id"}),  # the token path is separate
+    # softmax
+    _m("softmax/no-max-subtraction", "exp(x) without subtracting the row max", "attention._masked_softmax",
+       _const(_softmax_no_max), LARGE_SCORES, spares={"softmax/none", "sdpa/cross/none"}),
+    _m("softmax/attention-over-queries", "attention softmax over the query axis (-2)",
+       "attention._attention_probs", _const(_probs_over_queries),
+       SDPA_PLAIN | MHA_PLAIN | ENC_LAYERS | {"sdpa/length1/query"},  # Lq = 1: every weight 1
+       spares={"softmax/none", "softmax/axis-2"}),  # the public softmax takes its own axis
+    _m("softmax/axis-ignored", "softmax always over the last axis, whatever axis is asked",
+       "attention._masked_softmax", lambda orig: lambda x, mask, axis: orig(x, mask, -1),
+       {"softmax/axis-2"}, spares={"softmax/none", "sdpa/cross/none"}),
+    _m("softmax/backward-missing-sum-term", "softmax backward p * dp, without - sum(dp * p)",
+       "attention._softmax_grad", _const(lambda p, dp, axis=-1: p * dp),
+       {"softmax/none", "softmax/padding", "additive/cross/none", "sdpa/length1/key"}
+       | SDPA_PLAIN | MHA_PLAIN | ENC_LAYERS),  # one key: p = 1, the right ds is 0, the wrong one dp
+    # layer norm
+    _m("layer_norm/unbiased-variance", "variance divided by D - 1", "layers._normalize",
+       _const(_variance_with(lambda x, c: (c * c).sum(axis=-1, keepdims=True) / (x.shape[-1] - 1))),
+       LAYER_NORM | {"layer_norm/d1"} | ENC_LAYERS | ENC_STACKS),  # D=1: 0/0
+    _m("layer_norm/eps-outside-sqrt", "1 / (sqrt(var) + eps)", "layers._normalize",
+       _const(_normalize_eps_outside), LAYER_NORM | ENC_LAYERS,
+       spares={"layer_norm/d1"}),  # D = 1: x - mean = 0, out = beta whatever the scale
+    _m("layer_norm/one-pass-variance", "var = mean(x^2) - mean(x)^2 (cancels for large offsets)",
+       "layers._normalize",
+       _const(_variance_with(lambda x, c: (x * x).mean(axis=-1, keepdims=True) - x.mean(axis=-1, keepdims=True) ** 2)),
+       escape="invisible in float64: inputs exact in bfloat16 keep |mean| / std below ~2^8, where the "
+              "cancellation (~1e-16 (mean/std)^2) stays under 1e-9; a large-offset case run in float32 "
+              "would see it (~6e-8 (mean/std)^2)"),
+    _m("layer_norm/gamma-beta-swapped", "out = beta * x_hat + gamma", "layers.layer_norm",
+       lambda orig: lambda x, params, eps=1e-5: orig(x, {"gamma": params["beta"], "beta": params["gamma"]}, eps),
+       LAYER_NORM | {"layer_norm/d1"} | ENC_LAYERS | ENC_STACKS),
+    # positional
+    _m("positional/sin-cos-swapped", "cos in the even columns, sin in the odd ones",
+       "positional.sinusoidal_encoding", _const(_sinusoidal("swapped")),
+       {"positional/sinusoidal/even", "positional/sinusoidal/odd-d", "positional/sinusoidal/d1",
+        "positional/sinusoidal/long"}, spares={"positional/sinusoidal/max_len0"}),
+    _m("positional/halves-concatenated", "[sin | cos] halves instead of interleaved",
+       "positional.sinusoidal_encoding", _const(_sinusoidal("halves")),
+       {"positional/sinusoidal/even", "positional/sinusoidal/odd-d", "positional/sinusoidal/long"},
+       spares={"positional/sinusoidal/d1"}),  # D = 1: one sin column either way
+    _m("positional/exponent-i", "10000^(i/D) with the pair index i instead of 2i",
+       "positional.sinusoidal_encoding", _const(_sinusoidal("exponent-i")),
+       {"positional/sinusoidal/even", "positional/sinusoidal/odd-d", "positional/sinusoidal/long"},
+       spares={"positional/sinusoidal/d1"}),  # only pair 0, exponent 0 either way
+    _m("positional/odd-d-last-column-dropped", "odd D: only D // 2 (sin, cos) pairs, last column 0",
+       "positional.sinusoidal_encoding", _const(_sinusoidal("pairs-only")),
+       {"positional/sinusoidal/odd-d", "positional/sinusoidal/d1"},
+       spares={"positional/sinusoidal/even", "positional/sinusoidal/long"}),
+    # dropout
+    _m("dropout/no-rescale", "kept entries not divided by 1 - p", "layers._dropout",
+       _const(lambda x, keep, p: x if keep is None else np.where(keep, x, x.dtype.type(0))),
+       DROPOUT, spares={"dropout/p0-identity", "sdpa/cross/none"}),
+    _m("dropout/scaled-by-1-over-p", "kept entries divided by p instead of 1 - p", "layers._dropout",
+       _const(lambda x, keep, p: x if keep is None else np.where(keep, x / float(p), x.dtype.type(0))),
+       DROPOUT, spares={"dropout/inf-dropped"}),  # p = 0.5: 1/p = 1/(1-p)
+    _m("dropout/keep-mask-inverted", "the keep-mask read as a drop-mask", "layers._dropout",
+       _const(lambda x, keep, p: x if keep is None else np.where(~keep, x / (1.0 - float(p)), x.dtype.type(0))),
+       DROPOUT | {"dropout/inf-dropped"}),
+    # heads
+    _m("heads/split-without-transpose", "heads split by reshape(B, H, L, Dh), no transpose",
+       "attention._split_heads", _const(_split_by_reshape),
+       MHA_PLAIN | ENC_LAYERS, spares={"mha/cross/one-head", "mha/self/length1"}),  # H = 1 or L = 1: same layout
+    _m("heads/merge-dh-major", "heads merged as (L, Dh, H) instead of (L, H, Dh)",
+       "attention._merge_heads", _const(_merge_dh_major),
+       MHA_PLAIN | ENC_LAYERS, spares={"mha/cross/one-head", "mha/cross/twelve-heads"}),  # H = 1 or Dh = 1
+    # projections
+    _m("projection/w_o-bias-dropped", "the output projection without b_o", "attention.multi_head_attention",
+       lambda orig: lambda query, key, value, params, num_heads, **kw: orig(
+           query, key, value, {**params, "b_o": np.zeros_like(params["b_o"])}, num_heads, **kw),
+       MHA_PLAIN | {"mha/length0/key"} | ENC_LAYERS | ENC_STACKS),
+    _m("projection/w_q-transposed", "x @ w_q.T: the (out, in) habit on a square matrix",
+       "attention._project_heads", _const(_project_w_transposed),
+       MHA_PLAIN | ENC_LAYERS, spares={"mha/length0/key"}),  # no key: out = b_o whatever q is
+    _m("projection/mha-bias-ignored", "multi-head attention accepts bias and ignores it",
+       "attention.multi_head_attention",
+       lambda orig: lambda query, key, value, params, num_heads, *, bias=None, **kw: orig(
+           query, key, value, params, num_heads, **kw),
+       {"mha/cross/bias", "mha/cross/mask_to_bias", "mha/cross/large-scores"}, spares=MHA_PLAIN),
+    # gradients (visible ones: b_k's gradient is rounding noise around 0)
+    _m("grad/dv-without-dropout-mask", "dv = pᵀ d_out, the dropout mask forgotten",
+       "attention._attention_grads",
+       lambda orig: lambda *a: orig(*a[:10], a[8].astype(a[2].dtype, copy=False)),
+       ATTN_DROPOUT, spares=SDPA_PLAIN | MHA_PLAIN),
+    _m("grad/dq-missing-scale", "dq = ds @ k without the scale", "attention._attention_grads",
+       _const(_grads_dq_unscaled), SDPA_PLAIN | MHA_PLAIN | ENC_LAYERS,
+       spares={"sdpa/length1/key", "sdpa/length0/key"}),  # one key or none: ds = 0
+    _m("grad/gamma-summed-over-batch-only", "d_gamma summed over axis 0 only", "layers.layer_norm_backward",
+       _gamma_grad_batch_only, {"layer_norm/default", "layer_norm/eps", "layer_norm/d1"} | ENC_LAYERS,
+       spares={"layer_norm/rank2"}),  # (L, D): axis 0 is every leading axis
+    _m("grad/linear-db-over-batch-only", "linear's db summed over axis 0 only", "layers.linear_backward",
+       _bias_grad_batch_only, {"linear/bias", "linear/rank4"} | MHA_PLAIN | ENC_LAYERS,
+       spares={"linear/rank2", "linear/no-bias"}),  # (N, D_in): axis 0 is every leading axis
+    _m("grad/bias-not-reduced-to-broadcast", "the bias gradient keeps the broadcast axes",
+       "attention._sum_to_shape",
+       _const(lambda g, shape: g.sum(axis=tuple(range(g.ndim - len(shape))))),
+       {"sdpa/cross/bias-broadcast", "mha/cross/mask_to_bias"},
+       spares={"sdpa/cross/bias", "mha/cross/bias"}),  # a full (B, H, Lq, Lk) bias
+    # activation
+    _m("activation/gelu-tanh", "gelu by the tanh approximation instead of the exact erf form", "layers._ACT",
+       lambda orig: {**orig, "gelu": _gelu_tanh}, GELU,
+       spares={"feed_forward/relu", "encoder_layer/post/relu"}),
+    _m("activation/relu-grad-at-0", "relu'(0) = 1 (x >= 0)", "layers._ACT_GRAD",
+       lambda orig: {**orig, "relu": lambda x: (x >= 0).astype(x.dtype)},
+       spares={"feed_forward/relu", "encoder_layer/post/relu"},
+       escape="no relu input is exactly 0: the catalog keeps every one >= 0.05 from the kink "
+              "(an exact-kink case is being added)"),
+    # encoder
+    _m("encoder/attention-residual-missing", "h = norm1(drop(attn(x))), the x + forgotten",
+       "encoder.encoder_layer", _const(_encoder_layer_no_attn_residual),
+       ENC_LAYERS | ENC_STACKS, spares=ZERO_LAYERS),
+    _m("encoder/norm-order-swapped", "norm_first read the other way round", "encoder.encoder_layer",
+       lambda orig: lambda x, params, num_heads, *, norm_first=False, **kw: orig(
+           x, params, num_heads, norm_first=not norm_first, **kw),
+       ENC_LAYERS | ENC_STACKS, spares=ZERO_LAYERS),
+    _m("encoder/final-norm-ignored", "params['norm'] accepted and not applied", "encoder.encoder",
+       lambda orig: lambda x, params, num_heads, **kw: orig(
+           x, {k: v for k, v in params.items() if k != "norm"}, num_heads, **kw),
+       {"encoder/post/final-norm", "encoder/pre/final-norm", "encoder/pre/three-layers"},
+       spares={"encoder/post/no-final-norm", "encoder/post/one-layer"}),
+    # dtype
+    _m("dtype/float32-scores", "a float64 call computes its scores in float32",
+       "attention._attention_probs",
+       lambda orig: lambda q, k, mask, bias, scale: orig(q.astype(np.float32), k.astype(np.float32),
+                                                         mask, bias, scale),
+       SDPA_PLAIN | MHA_PLAIN | ENC_LAYERS),
+]
+
+MUTANTS_BY_NAME = {m.name: m for m in MUTANTS}
+assert len(MUTANTS_BY_NAME) == len(MUTANTS), "duplicate mutant names"
+
+# each mutant's backend by name, for the command line:
+# `python -m conformance fuzz --backend tests.conformance.mutants:Mutant_scale_one_over_dh`
+for _cls in map(backend_class, MUTANTS):
+    globals()[_cls.__name__] = _cls
+
+
+# --------------------------------------------------------------------------
+# running them
+
+
+@functools.lru_cache(maxsize=1)
+def _fixtures():
+    fixtures, broken = load_all()
+    assert not broken, [b.problem for b in broken]
+    return tuple(fixtures)
+
+
+@functools.lru_cache(maxsize=None)
+def failing(name: str) -> dict:
+    """``{case: first problem}`` of every committed case the mutant ``name`` fails in float64."""
+    backend = backend_class(MUTANTS_BY_NAME[name])()
+    failed = {}
+    with Session(backend) as session:
+        for fixture in _fixtures():
+            if fixture.call.expect_error is None:
+                outcome = session.value(fixture, "float64")
+            else:
+                outcome = session.error(fixture)
+            if outcome.status == "fail":
+                failed[fixture.name] = outcome.problems[0]
+    return failed
+
+
+def catch_table(level: int = 1) -> list[tuple[str, int, int]]:
+    """``[(family, mutants caught, cases), ...]``, most catches first.
+
+    A family is a case name cut to its first ``level`` parts (``1``: the
+    component, ``"sdpa"``; ``2``: ``"sdpa/cross"``). A mutant counts once
+    per family in which at least one case fails.
+    """
+    families = Counter("/".join(f.name.split("/")[:level]) for f in _fixtures())
+    caught = Counter()
+    for m in MUTANTS:
+        caught.update({"/".join(c.split("/")[:level]) for c in failing(m.name)})
+    rows = [(fam, caught[fam], n) for fam, n in families.items()]
+    return sorted(rows, key=lambda r: (-r[1], r[0]))
+
+
+def format_report() -> str:
+    lines = [f"{len(MUTANTS)} mutants, float64, committed fixtures"]
+    for m in MUTANTS:
+        failed = sorted(failing(m.name))
+        verdict = f"ESCAPES ({m.escape})" if not failed else f"caught by {len(failed)}: {', '.join(failed[:6])}"
+        more = f" (+{len(failed) - 6})" if len(failed) > 6 else ""
+        lines.append(f"  {m.name:<38} {verdict}{more}")
+    for level in (1, 2):
+        lines.append("")
+        lines.append(f"{'case family':<28} mutants caught / cases")
+        lines += [f"  {fam:<26} {n:>3} / {cases}" for fam, n, cases in catch_table(level)]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(format_report())
