@@ -306,11 +306,10 @@ MUTANTS = [
        spares={"mha/cross/twelve-heads", "sdpa/cross/scale"}),  # Dh = 1: 1/Dh = 1/sqrt(Dh); scale given
     _m("scale/ignored-when-given", "an explicit scale is ignored (always 1/sqrt(Dk))", "attention._scale",
        _const(lambda q, scale: 1.0 / math.sqrt(q.shape[-1])),
-       {"sdpa/cross/scale"}, spares=SDPA_PLAIN | MHA_PLAIN),
+       {"sdpa/cross/scale", "sdpa/cross/scale0"}, spares=SDPA_PLAIN | MHA_PLAIN),
     _m("scale/zero-means-default", "`scale or 1/sqrt(Dk)`: an explicit scale 0 becomes the default",
        "attention._scale", _const(lambda q, scale: float(scale or 1.0 / math.sqrt(q.shape[-1]))),
-       spares={"sdpa/cross/scale"} | SDPA_PLAIN,
-       escape="no case passes scale=0 (a scale-0 case is being added)"),
+       {"sdpa/cross/scale0"}, spares={"sdpa/cross/scale"} | SDPA_PLAIN),
     # masks
     _m("mask/polarity-inverted", "True taken as 'masked out'", "attention._masked_softmax",
        lambda orig: lambda x, mask, axis: orig(x, None if mask is None else ~mask, axis),
@@ -446,9 +445,7 @@ MUTANTS = [
        spares={"feed_forward/relu", "encoder_layer/post/relu"}),
     _m("activation/relu-grad-at-0", "relu'(0) = 1 (x >= 0)", "layers._ACT_GRAD",
        lambda orig: {**orig, "relu": lambda x: (x >= 0).astype(x.dtype)},
-       spares={"feed_forward/relu", "encoder_layer/post/relu"},
-       escape="no relu input is exactly 0: the catalog keeps every one >= 0.05 from the kink "
-              "(an exact-kink case is being added)"),
+       {"feed_forward/relu-kink"}, spares={"feed_forward/relu", "encoder_layer/post/relu"}),
     # encoder
     _m("encoder/attention-residual-missing", "h = norm1(drop(attn(x))), the x + forgotten",
        "encoder.encoder_layer", _const(_encoder_layer_no_attn_residual),
