@@ -41,7 +41,7 @@ import functools
 
 import numpy as np
 
-from ..protocol import Backend, Call, Difference, Result, get_path
+from ..protocol import Call, Difference, Result, get_path
 from .jax_backend import JaxBackend
 from .torch_backend import TorchBackend, _to_numpy
 
