@@ -13,7 +13,10 @@ return NaN for a fully masked query row, as ``nn.MultiheadAttention`` does.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -291,3 +294,18 @@ def test_the_peers_are_not_in_the_default_run():
     from conformance.backends import BUILTINS
 
     assert not set(PEERS) & set(BUILTINS)
+
+
+def test_the_pytest_plugin_xfails_a_declared_difference_and_fails_a_stale_one(tmp_path):
+    (tmp_path / "test_mine.py").write_text("def test_my_own_test():\n    assert True\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rx",
+         "--attention-backend", f"{HERE}:NanRowStale", "-k", "sdpa/cross"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert ("XFAIL attention-conformance::nan-row-stale-float64-sdpa/cross/fully-masked - "
+            "declared difference: nan-row") in proc.stdout
+    assert "FAIL backend nan-row-stale: declared but not observed: causal-off" in proc.stdout
+    assert re.search(r"\b1 failed, \d+ passed, \d+ deselected, 4 xfailed\b", proc.stdout), proc.stdout[-500:]
