@@ -9,40 +9,55 @@ Usage::
     python -m conformance generate [--check]    # bring conformance/fixtures up to date with numpy_ref (or only compare)
     python -m conformance bench ...             # conformance.bench:main
     python -m conformance fuzz --backend torch [--n N] [--seed S] [--dtype D]   # random configurations
+    python -m conformance peers [--markdown]    # the frameworks' built-ins (torch-sdpa, torch-mha, ...)
 
 Exit status: 0 when every case passed and every backend certified something;
 1 on any failure (a case, a corrupt fixture, a backend asked for by
 --backend that cannot run, a backend that ran no value case in a dtype, a
-requested dtype a named backend does not declare, a --require not covered);
+requested dtype a named backend does not declare, a --require not covered,
+a declared difference that did not occur); a case whose failing checks are
+all covered by the backend's declared differences is not a failure;
 2 when the fixtures cannot be used at all or the command line is wrong
 (nothing runs then, and no file is written).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
 
-from .backends import BUILTINS, Unavailable, load
+from .backends import BUILTINS, PEERS, Unavailable, load
 from .fixtures import DEFAULT_DIR, ManifestError
-from .report import DTYPE_ORDER, Progress, coverage_lines, failures, format_table, write_json, write_junit
-from .runner import coverage_problems, load_all, parse_select, run
+from .report import (DTYPE_ORDER, Progress, coverage_lines, difference_lines, failures, format_table,
+                     peer_markdown, verdict_lines, write_json, write_junit)
+from .runner import coverage_problems, difference_problems, load_all, parse_select, run
 
 __all__ = ["main"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m conformance",
-        description="Check backends against the numpy_ref fixtures, outputs and gradients. "
-        "Subcommands: `generate` (rewrite or --check the fixtures), `bench` (benchmarks), "
-        "`fuzz` (random configurations, judged like the catalog).",
-    )
+def _parser(peers: bool = False) -> argparse.ArgumentParser:
+    if peers:
+        p = argparse.ArgumentParser(
+            prog="python -m conformance peers",
+            description="Certify the frameworks' own built-ins (the peers) against the fixtures: "
+            "each declares where it deviates from the spec, and the run checks that every failure "
+            "is one of those and that each of those occurs.")
+        p.add_argument("--markdown", action="store_true",
+                       help="print only README's peer table (markdown) on stdout; the exit status is the run's")
+    else:
+        p = argparse.ArgumentParser(
+            prog="python -m conformance",
+            description="Check backends against the numpy_ref fixtures, outputs and gradients. "
+            "Subcommands: `generate` (rewrite or --check the fixtures), `bench` (benchmarks), "
+            "`fuzz` (random configurations, judged like the catalog), `peers` (the frameworks' built-ins).",
+        )
+    default = ("every peer" if peers else "every built-in") + ", unavailable ones skipped"
     p.add_argument("--backend", action="append", metavar="NAME",
-                   help=f"a built-in ({', '.join(BUILTINS)}) or package.module:ClassName; "
-                   "repeatable; default: every built-in, unavailable ones skipped")
+                   help=f"a built-in ({', '.join(BUILTINS)}), a peer ({', '.join(PEERS)}) or "
+                   f"package.module:ClassName; repeatable; default: {default}")
     p.add_argument("--dtype", action="append", choices=DTYPE_ORDER,
                    help="only these dtypes (repeatable); default: every dtype each backend declares; "
                    "a dtype that a backend named with --backend does not declare is a failure")
@@ -107,6 +122,7 @@ def _load_backends(specs, explicit):
             "status": "ran", "spec": spec, "dtypes": list(backend.dtypes),
             "gradients": bool(backend.gradients), "errors": bool(backend.errors),
             "devices": None if backend.devices is None else list(backend.devices),
+            "differences": [d.name for d in backend.differences],
         }
     return backends, info, problems
 
@@ -129,6 +145,7 @@ def _list(args, backends, info) -> int:
             extra = ", ".join(entry["dtypes"])
             extra += "" if entry["gradients"] else "; outputs only"
             extra += "" if entry["errors"] else "; no error contract"
+            extra += f"; declares differences: {', '.join(entry['differences'])}" if entry["differences"] else ""
         else:
             extra = entry["reason"]
         print(f"backend {name}: {'available' if entry['status'] == 'ran' else 'unavailable'} ({extra})")
@@ -209,7 +226,18 @@ def main(argv=None) -> int:
         from .fuzz import main as fuzz
 
         return fuzz(argv[1:])
-    args = _parser().parse_args(argv)
+    peers = argv[:1] == ["peers"]
+    args = _parser(peers).parse_args(argv[1:] if peers else argv)
+    if getattr(args, "markdown", False):
+        # the table alone on stdout; everything else of the run goes to stderr
+        real_stdout = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            return _certify(args, peers, markdown_to=real_stdout)
+    return _certify(args, peers)
+
+
+def _certify(args, peers: bool = False, markdown_to=None) -> int:
+    """The main run (``peers``: the peer adapters by default)."""
     start = time.perf_counter()
     # everything that can be wrong on the command line is refused before anything runs
     for problem in (_output_problem("--json", args.json), _output_problem("--junit", args.junit)):
@@ -223,7 +251,7 @@ def main(argv=None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     explicit = bool(args.backend)
-    backends, info, problems = _load_backends(args.backend or list(BUILTINS), explicit)
+    backends, info, problems = _load_backends(args.backend or list(PEERS if peers else BUILTINS), explicit)
     if args.list:
         return _list(args, backends, info)
     try:
@@ -251,11 +279,14 @@ def main(argv=None) -> int:
                         "the cases after it did not run")
     else:
         problems += coverage_problems(backends, outcomes, fixtures, args.dtype, explicit, args.require)
+        problems += difference_problems(backends, outcomes)
     if not backends:
         problems.append("FAIL no backend could run")
     for line in problems:
         print(line)
     for line in coverage_lines(outcomes, backends):
+        print(line)
+    for line in difference_lines(outcomes, backends, args.verbose) + verdict_lines(outcomes, backends, problems, every=peers):
         print(line)
     verdict = "FAILED" if problems else "PASSED"
     partial = [b.name for b in backends if not b.gradients or not b.errors]
@@ -266,6 +297,9 @@ def main(argv=None) -> int:
     if args.junit:
         write_junit(args.junit, outcomes, broken, [p for p in problems if not p.startswith("FAIL fixture")
                                                    and not _is_case_line(p, outcomes)], seconds)
+    if markdown_to is not None:
+        unavailable = {name: entry["reason"] for name, entry in info.items() if entry["status"] != "ran"}
+        markdown_to.write(peer_markdown(outcomes, backends, problems, unavailable))
     return 1 if problems else 0
 
 

@@ -27,6 +27,18 @@ Minimal third-party adapter::
                           grads={"q": dq, "k": dk, "v": dv})
 
 and ``python -m conformance --backend my_pkg.my_module:MyBackend``.
+
+A backend that knowingly deviates from the spec (a framework built-in that
+returns NaN for a fully masked row, say) declares each deviation as a
+:class:`Difference`: the runner then reports a failing check that the
+declaration covers as a *declared difference*, not a failure, and fails a
+declaration that did not occur::
+
+    differences = (
+        Difference("fully-masked-row-nan",
+                   "a fully masked query row gives NaN (the spec: 0)",
+                   cases="fully-masked", checks=("all",)),
+    )
 """
 from __future__ import annotations
 
@@ -96,6 +108,61 @@ class Result:
     grads: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+#: check names a Difference may give besides the ``output:<name>`` / ``grad:<name>`` patterns
+CHECK_ALIASES = {"all": "*", "outputs": "output:*", "gradients": "grad:*"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """A documented deviation of a backend from the spec, declared as data.
+
+    Attributes:
+      name: a short identifier without spaces (``"fully-masked-row-nan"``),
+        unique within the backend; the verdict lists these.
+      summary: one line, what the backend does where the spec does
+        something else (the README's peer table shows it).
+      cases: which cases it affects, a ``-k`` expression over case names
+        (``"sdpa/cross/fully-masked or mha/cross/mask_to_bias"``, see
+        ``conformance.runner.parse_select``).
+      checks: which checks of those cases it excuses: ``"all"``,
+        ``"outputs"``, ``"gradients"``, or check names ``"output:<name>"`` /
+        ``"grad:<name>"`` (``"output:weights"``, ``"grad:q"``), where the
+        name may be an ``fnmatch`` pattern (``"grad:params.*"``).
+      dtypes: the dtypes it occurs in (None: every dtype the backend runs).
+
+    A failing check is excused iff the case name matches ``cases``, the
+    dtype is in ``dtypes`` and the check matches ``checks``; a case that
+    raised, or that returned a wrong shape for a check no declaration
+    names, is a failure as ever. A declaration none of whose checks failed
+    in the cases that ran is reported as *declared but not observed*, and
+    fails the run: it is stale or too broad, and would hide a regression.
+    """
+
+    name: str
+    summary: str
+    cases: str
+    checks: tuple = ("all",)
+    dtypes: tuple | None = None
+
+    def check_patterns(self) -> tuple[str, ...]:
+        """``checks`` with the aliases spelled out as patterns."""
+        return tuple(CHECK_ALIASES.get(c, c) for c in self.checks)
+
+    def covers_check(self, check: str) -> bool:
+        """True iff ``check`` (``"output:out"``, ``"grad:params.w_q"``) is one this declares."""
+        from fnmatch import fnmatchcase
+
+        return any(fnmatchcase(check, p) for p in self.check_patterns())
+
+    def applies_to(self, case: str, dtype: str | None) -> bool:
+        """True iff this declaration covers the case ``case`` run in ``dtype``."""
+        from .runner import matches
+
+        if dtype is None or (self.dtypes is not None and dtype not in self.dtypes):
+            return False
+        return matches(self.cases, case)
+
+
 class Backend:
     """Base class for adapters; subclass and override ``run``.
 
@@ -119,6 +186,9 @@ class Backend:
     #: device platforms ``setup`` accepts (``--device cuda:1`` is platform
     #: ``cuda``); None: any, the adapter checks in ``setup``
     devices: Sequence[str] | None = ("cpu",)
+    #: documented deviations from the spec (:class:`Difference`); a failing
+    #: check one of them covers is a "declared difference", not a failure
+    differences: Sequence[Difference] = ()
 
     def setup(self, device: str | None = None) -> None:
         """Called once before any case, e.g. to set precision flags.

@@ -96,6 +96,8 @@ class ConformanceItem(pytest.Item):
             pytest.skip(f"{self.backend.name} does not support {self.fixture.name}")
         if outcome.status == "unchecked":
             pytest.skip(f"not checked: {self.backend.name} declares no error contract")
+        if outcome.status == "differs":
+            pytest.xfail(f"declared difference: {', '.join(outcome.differences)}")
         if outcome.status == "fail":
             raise ConformanceFailure("\n".join(outcome.problems))
 
@@ -126,14 +128,15 @@ class BrokenFixtureItem(pytest.Item):
 
 
 class CoverageItem(pytest.Item):
-    """Runs after every case of its backend: fails if the run certified nothing."""
+    """Runs after every case of its backend: fails if the run certified nothing, or
+    if a difference the backend declares did not occur in the cases that ran."""
 
     def __init__(self, *, run, backend, **kwargs):
         super().__init__(**kwargs)
         self.run_state, self.backend = run, backend
 
     def runtest(self):
-        from .runner import coverage_problems
+        from .runner import coverage_problems, difference_problems
 
         mine = [o for o in self.run_state.outcomes if o.backend == self.backend.name]
         seen = {f.name for f in self.run_state.fixtures} & {o.case for o in mine}
@@ -143,6 +146,7 @@ class CoverageItem(pytest.Item):
         dtypes = sorted({o.dtype for o in mine if o.dtype is not None})
         require = self.config.getoption("attention_require")
         problems = coverage_problems([self.backend], mine, fixtures, dtypes or None, True, require)
+        problems += difference_problems([self.backend], mine)  # a declared difference that did not occur
         if problems:
             raise ConformanceFailure("\n".join(problems))
 

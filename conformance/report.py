@@ -7,6 +7,14 @@ component's cases, ``skip`` when it ran none, ``n/c`` for gradients a
 forward-only adapter does not compute. Error cases get their own table
 (passed/checked). Then every failure, and one coverage line per backend
 saying exactly what was certified.
+
+Declared differences (``Backend.differences``) are shown apart from
+failures: a cell whose component has cases that differ as declared reads
+``decl <ratio>`` (the worst ratio of the checks that were not excused), a
+backend that declares differences gets a verdict line (``conformant
+except: <names>``), and JSON/JUnit give such a case its own status
+(``"differs"``; a JUnit ``skipped`` of type ``declared-difference``).
+:func:`peer_markdown` renders README's peer table from a run.
 """
 from __future__ import annotations
 
@@ -18,9 +26,11 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 from .cases import COMPONENTS
+from .runner import difference_status, verdict
 from .tolerances import CLASSES, TOLERANCES
 
-__all__ = ["Progress", "format_table", "failures", "coverage_lines", "write_json", "write_junit"]
+__all__ = ["Progress", "format_table", "failures", "coverage_lines", "verdict_lines", "difference_lines",
+           "peer_markdown", "write_json", "write_junit"]
 
 DTYPE_ORDER = ("float64", "float32", "bfloat16", "float16")
 _SPECIAL = ("<setup>", "<teardown>")
@@ -94,6 +104,26 @@ class Progress:
             self._write(self._status(now))
 
 
+def _excused(o, kind) -> bool:
+    """True iff a declared difference excused a check of this kind (``out``/``grad``) of ``o``."""
+    prefix = "output:" if kind == "out" else "grad:"
+    return any(c.startswith(prefix) for c in o.excused_checks)
+
+
+def _kind_failed(o, kind) -> bool:
+    """True iff ``o`` fails the ``kind`` column."""
+    if o.status != "fail":
+        return False
+    ratio = getattr(o, f"{kind}_ratio")
+    if not o.excused_checks:  # a case that failed without a ratio (raised, wrong shape) fails every cell
+        return ratio is None or ratio > 1
+    prefix = "output:" if kind == "out" else "grad:"
+    attributed = {line for _, line in o.failed_checks}
+    unattributed = [p for p in o.problems if p not in attributed and not p.startswith("hint:")]
+    return bool(unattributed) or any(c.startswith(prefix) and c not in o.excused_checks
+                                     for c, _ in o.failed_checks)
+
+
 def _cell(outcomes, kind, gradients=True):
     if not outcomes:
         return "-"
@@ -102,19 +132,18 @@ def _cell(outcomes, kind, gradients=True):
         return "skip"
     if kind == "grad" and not gradients:
         return "n/c"
-    ratios = [getattr(o, f"{kind}_ratio") for o in ran if getattr(o, f"{kind}_ratio") is not None]
+    # a check excused by a declared difference does not count towards the worst ratio
+    declared = any(_excused(o, kind) for o in ran)
+    ratios = [getattr(o, f"{kind}_ratio") for o in ran
+              if getattr(o, f"{kind}_ratio") is not None and not _excused(o, kind)]
     worst = max(ratios) if ratios else None
-    # a case that failed without a ratio (raised, wrong shape) fails every cell it touches
-    failed = any(
-        o.status == "fail" and (getattr(o, f"{kind}_ratio") is None or getattr(o, f"{kind}_ratio") > 1)
-        for o in ran
-    )
-    if worst is None and not failed:
+    failed = any(_kind_failed(o, kind) for o in ran)
+    if worst is None and not failed and not declared:
         return "-"
     text = "—" if worst is None else f"{worst:.2g}"
     if kind == "out" and len(ran) < len(outcomes):
         text += f" [{len(ran)}/{len(outcomes)}]"
-    return f"FAIL {text}" if failed else text
+    return f"FAIL {text}" if failed else (f"decl {text}" if declared else text)
 
 
 def _components(outcomes):
@@ -150,6 +179,9 @@ def format_table(outcomes, gradients=None) -> str:
                 grads = gradients.get(b, True)
                 cells += f"  {_cell(sel, 'out'):>{width}}{_cell(sel, 'grad', grads):>{width}}"
             lines.append(f"{comp:<15}{len(counts[comp]):>6}{cells}")
+        if any(o.excused_checks for o in rows):
+            lines.append("decl: some checks differ as the backend declares (see its verdict line); "
+                         "the ratio is the worst of the others")
         lines.append("")
     errors = [o for o in outcomes if o.dtype is None and o.case not in _SPECIAL]
     if any(o.ran for o in errors):
@@ -216,6 +248,7 @@ def coverage(outcomes, backend) -> dict:
             "selected": len(sel),
             "ran": sum(o.ran for o in sel),
             "passed": sum(o.status == "pass" for o in sel),
+            "differs": sum(o.status == "differs" for o in sel),
             "outputs_checked": sum(o.outputs_checked for o in sel),
             "gradients_checked": sum(o.grads_checked for o in sel),
         }
@@ -231,6 +264,7 @@ def coverage(outcomes, backend) -> dict:
         },
         "passed": sum(o.status == "pass" for o in mine),
         "failed": sum(o.status == "fail" for o in outcomes if o.backend == backend.name),
+        "differs": sum(o.status == "differs" for o in mine),
         "unsupported": sum(o.status == "unsupported" for o in mine),
         "unchecked": sum(o.status == "unchecked" for o in mine),
     }
@@ -251,7 +285,8 @@ def coverage_lines(outcomes, backends) -> list[str]:
             parts.append(f"errors {e['checked']}/{e['selected']}" if getattr(b, "errors", True)
                          else "errors not checked (no error contract declared)")
         what = "; ".join(parts) if parts else "nothing ran"
-        extra = "".join(f", {c[k]} {label}" for k, label in (("unsupported", "not supported"),
+        extra = "".join(f", {c[k]} {label}" for k, label in (("differs", "declared differences"),
+                                                             ("unsupported", "not supported"),
                                                              ("unchecked", "not checked")) if c[k])
         lines.append(f"{b.name}: {c['passed']} passed, {c['failed']} failed{extra} | {what}")
     return lines
@@ -274,6 +309,9 @@ def write_json(path, outcomes, broken, backends_info, seconds, problems=(), back
         "backends": backends_info,
         "coverage": {b.name: coverage(outcomes, b) for b in backends},
         "problems": list(problems),
+        "differences": {b.name: {"verdict": verdict(b, outcomes, problems),
+                                 "declared": difference_status(b, outcomes)}
+                        for b in backends if getattr(b, "differences", ())},
         "fixture_problems": [{"case": b.name, "problem": b.problem} for b in broken],
         "results": [
             {
@@ -281,6 +319,7 @@ def write_json(path, outcomes, broken, backends_info, seconds, problems=(), back
                 "status": o.status, "out_ratio": _finite(o.out_ratio), "grad_ratio": _finite(o.grad_ratio),
                 "outputs_checked": o.outputs_checked, "gradients_checked": o.grads_checked,
                 "problems": o.problems, "seconds": round(o.seconds, 6),
+                "differences": o.differences, "excused": o.excused,
             }
             for o in outcomes
         ],
@@ -295,7 +334,9 @@ def write_junit(path, outcomes, broken=(), problems=(), seconds: float = 0.0) ->
 
     ``classname`` is ``conformance.<backend>.<dtype>`` (``errors`` for error
     cases), ``name`` the case name; failures carry every problem line,
-    unsupported and not-checked cases are ``skipped`` with the reason. Fixture
+    unsupported and not-checked cases are ``skipped`` with the reason (a
+    case that differs as declared: ``type="declared-difference"``, the
+    differences' names and its excused lines). Fixture
     and coverage problems form a last suite, ``conformance.run``.
     """
     root = ET.Element("testsuites", name="attention-spec conformance", time=f"{seconds:.3f}")
@@ -312,6 +353,11 @@ def write_junit(path, outcomes, broken=(), problems=(), seconds: float = 0.0) ->
                 counts["failures"] += 1
                 node = ET.SubElement(case, "failure", message=o.problems[0] if o.problems else "failed")
                 node.text = "\n".join(o.problems)
+            elif o.status == "differs":
+                counts["skipped"] += 1
+                node = ET.SubElement(case, "skipped", type="declared-difference",
+                                     message=f"declared difference: {', '.join(o.differences)}")
+                node.text = "\n".join(o.excused)
             elif o.status in ("unsupported", "unchecked"):
                 counts["skipped"] += 1
                 reason = ("not supported by the backend" if o.status == "unsupported"
@@ -331,3 +377,65 @@ def write_junit(path, outcomes, broken=(), problems=(), seconds: float = 0.0) ->
             case = ET.SubElement(suite, "testcase", classname="conformance.coverage", name=f"problem-{i + 1}")
             ET.SubElement(case, "failure", message=line)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+# --------------------------------------------------------------------------
+# declared differences
+
+
+def verdict_lines(outcomes, backends, problems=(), every: bool = False) -> list[str]:
+    """``verdict <backend>: conformant except: <names>``, one per backend that declares
+    differences (``every``: one per backend)."""
+    return [f"verdict {b.name}: {verdict(b, outcomes, problems)}" for b in backends
+            if every or getattr(b, "differences", ())]
+
+
+def difference_lines(outcomes, backends, verbose: bool = False) -> list[str]:
+    """One line per declaration (observed in how many case runs, or not); with
+    ``verbose`` also every excused problem line."""
+    lines = []
+    for b in backends:
+        for e in difference_status(b, outcomes):
+            where = f"{e['observed_in']} of the {e['runs']} case runs it covers" if e["runs"] else "no case run"
+            lines.append(f"DECLARED {b.name} {e['name']}: {e['status']} ({where})")
+        if verbose:
+            lines += [f"DECLARED {o.backend} {o.dtype} {o.case}: {line}"
+                      for o in outcomes if o.backend == b.name for line in o.excused]
+    return lines
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def peer_markdown(outcomes, backends, problems=(), unavailable=None) -> str:
+    """README's peer table: per peer what it runs, what the adapter converts and
+    its verdict, then every declared difference with the cases it affects.
+
+    Only counts that do not depend on the machine go in (cases run,
+    declarations), no ratios: the table is compared with the README by a test.
+    ``unavailable`` maps a peer's name to why it could not run.
+    """
+    lines = ["| peer | built-in | the adapter converts | cases run | verdict |", "|---|---|---|---|---|"]
+    for b in backends:
+        mine = [o for o in outcomes if o.backend == b.name and o.dtype is not None]
+        cases = list(dict.fromkeys(o.case for o in mine if o.ran))
+        skipped = list(dict.fromkeys(o.case for o in mine if o.status == "unsupported"
+                                     and o.component in {x.component for x in mine if x.ran}))
+        dtypes = list(dict.fromkeys(o.dtype for o in mine if o.ran))
+        run = f"{len(cases)} × {', '.join(dtypes)}"
+        if skipped:
+            run += f"; not expressible: {', '.join(f'`{c}`' for c in skipped)}"
+        lines.append(f"| `{b.name}` | `{getattr(b, 'builtin', '') or type(b).__name__}` | "
+                     f"{'; '.join(_md(c) for c in getattr(b, 'conventions', ()))} | {run} | "
+                     f"{_md(verdict(b, outcomes, problems))} |")
+    for name, reason in (unavailable or {}).items():
+        lines.append(f"| `{name}` | | | not run here | unavailable: {_md(reason)} |")
+    lines += ["", "| peer | declared difference | what the peer does | cases | checks | dtypes |",
+              "|---|---|---|---|---|---|"]
+    for b in backends:
+        for e in difference_status(b, outcomes):
+            dtypes = "all" if e["dtypes"] is None else ", ".join(e["dtypes"])
+            lines.append(f"| `{b.name}` | `{e['name']}` | {_md(e['summary'])} | `{_md(e['cases'])}` | "
+                         f"{', '.join(e['checks'])} | {dtypes} |")
+    return "\n".join(lines) + "\n"

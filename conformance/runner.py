@@ -10,6 +10,13 @@ What ran is counted, not assumed: a case the backend does not support is
 "unsupported", a check the backend does not declare (gradients of a
 forward-only kernel, the bad-input contract) is "not checked", and
 :func:`coverage_problems` turns a pass that certified nothing into a failure.
+
+A backend may declare documented deviations (``Backend.differences``, see
+:class:`conformance.protocol.Difference`): :func:`classify` turns a failing
+case whose every failing check a declaration covers into a "declared
+difference" (status ``"differs"``: it ran, it did not pass, it does not
+fail the run), and :func:`difference_status` / :func:`difference_problems`
+say which declarations occurred; one that did not fails the run.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ from .tolerances import error_ratio, tolerance
 __all__ = [
     "Outcome", "Broken", "Session", "load_all", "check_case", "check_error", "run",
     "coverage_problems", "matches", "parse_select", "device_problem",
+    "classify", "difference_status", "difference_problems", "verdict",
 ]
 
 HALF = ("bfloat16", "float16")
@@ -40,12 +48,18 @@ DTYPES = ("float64", "float32", "bfloat16", "float16")
 class Outcome:
     """The verdict on one (backend, dtype, case); ``dtype`` None for error cases.
 
-    ``status``: ``"pass"``, ``"fail"``, ``"unsupported"`` (the backend's
-    ``supports`` said no) or ``"unchecked"`` (an error case for a backend that
-    declares no error contract). ``out_ratio``/``grad_ratio`` are the worst
-    error ratios (None when nothing of that kind was compared);
-    ``outputs_checked``/``grads_checked`` count the arrays compared;
-    ``problems`` are one-line messages, empty iff the case did not fail.
+    ``status``: ``"pass"``, ``"fail"``, ``"differs"`` (it ran, and every
+    check that failed is covered by a difference the backend declares),
+    ``"unsupported"`` (the backend's ``supports`` said no) or
+    ``"unchecked"`` (an error case for a backend that declares no error
+    contract). ``out_ratio``/``grad_ratio`` are the worst error ratios (None
+    when nothing of that kind was compared); ``outputs_checked``/
+    ``grads_checked`` count the arrays compared; ``problems`` are one-line
+    messages, empty iff the case did not fail. ``failed_checks`` pairs each
+    compared check that failed (``"output:out"``, ``"grad:params.w_q"``)
+    with its problem line; ``excused_checks``/``excused`` are those a
+    declaration covers (their lines leave ``problems``) and ``differences``
+    the names of the declarations that covered them.
     """
 
     backend: str
@@ -59,10 +73,14 @@ class Outcome:
     grads_checked: int = 0
     problems: list = dataclasses.field(default_factory=list)
     seconds: float = 0.0
+    failed_checks: list = dataclasses.field(default_factory=list)
+    excused_checks: list = dataclasses.field(default_factory=list)
+    excused: list = dataclasses.field(default_factory=list)
+    differences: list = dataclasses.field(default_factory=list)
 
     @property
     def ran(self) -> bool:
-        return self.status in ("pass", "fail")
+        return self.status in ("pass", "fail", "differs")
 
     def fail(self, message: str) -> None:
         self.status = "fail"
@@ -203,7 +221,9 @@ def check_case(backend: Backend, fixture: Fixture, dtype: str) -> Outcome:
         if name not in outputs or outputs[name] is None:
             outcome.fail(f"output {name}: missing (got {sorted(outputs)})")
             continue
+        before = len(outcome.problems)
         _compare("out", name, outputs[name], want, dtype, fixture.tolerance, outcome)
+        _record_check(outcome, f"output:{name}", before)
     if not want_grads:
         return outcome
     expected = fixture.grads_out_only if out_only else fixture.grads
@@ -212,7 +232,9 @@ def check_case(backend: Backend, fixture: Fixture, dtype: str) -> Outcome:
         if name not in grads or grads[name] is None:
             outcome.fail(f"grad {name}: missing (got {sorted(grads)})")
             continue
+        before = len(outcome.problems)
         got = _compare("grad", name, grads[name], expected[name], dtype, fixture.tolerance, outcome)
+        _record_check(outcome, f"grad:{name}", before)
         if got is not None:
             compared[name] = got
     if len(outcome.problems) > failed_before and not out_only and len(compared) == len(call.wrt):
@@ -220,6 +242,11 @@ def check_case(backend: Backend, fixture: Fixture, dtype: str) -> Outcome:
         if hint:
             outcome.problems.append(hint)
     return outcome
+
+
+def _record_check(outcome: Outcome, check: str, before: int) -> None:
+    """Pair the problem lines added since ``before`` with the check that added them."""
+    outcome.failed_checks += [(check, line) for line in outcome.problems[before:]]
 
 
 def check_error(backend: Backend, fixture: Fixture) -> Outcome:
@@ -325,7 +352,7 @@ class Session:
             o.fail(self.setup_problem)
             return o
         self.prepare(batch or [fixture], dtype)
-        outcome = check_case(self.backend, fixture, dtype)
+        outcome = classify(self.backend, check_case(self.backend, fixture, dtype))
         problem = self._prepared.get((dtype, fixture.call.function))
         if problem and outcome.status == "fail":
             outcome.problems.append(problem)
@@ -422,7 +449,8 @@ def coverage_problems(
     """Failure lines for every run that certified less than it seems to.
 
     - a backend that ran no value case in a dtype it ran (every selected value
-      case unsupported), or no case at all;
+      case unsupported), or no case at all, or whose value cases in a dtype
+      all differ as declared (a declaration excuses; it certifies nothing);
     - a requested dtype that an explicitly named backend does not declare;
     - a component in ``require`` (``"all"``: every selected component) of
       which some selected case did not run on a backend, in some dtype.
@@ -453,6 +481,10 @@ def coverage_problems(
                 if not any(o.dtype == d and o.ran for o in mine):
                     lines.append(f"FAIL backend {b.name}: ran no value case in {d} "
                                  f"(all {len(values)} selected are unsupported)")
+                elif not any(o.dtype == d and o.status in ("pass", "fail") for o in mine):
+                    differs = sum(o.dtype == d and o.status == "differs" for o in mine)
+                    lines.append(f"FAIL backend {b.name}: passed no value case in {d} (the {differs} "
+                                 "that ran all differ as declared: nothing certified)")
         elif not any(o.ran for o in mine):
             why = "all unsupported" if getattr(b, "errors", True) else "it declares no error contract"
             lines.append(f"FAIL backend {b.name}: ran no case (only error cases selected, {why})")
@@ -558,3 +590,95 @@ def matches(expr: str, name: str) -> bool:
     True
     """
     return parse_select(expr)(name)
+
+
+# --------------------------------------------------------------------------
+# declared differences
+
+
+def classify(backend: Backend, outcome: Outcome) -> Outcome:
+    """Apply ``backend.differences`` to a judged value case (in place; returns it).
+
+    Every failing check that a declaration covers (case name, dtype and check
+    name all match) moves from ``problems`` to ``excused``. If nothing else
+    failed (no uncovered check, no raise, no missing array) the status becomes
+    ``"differs"``; otherwise it stays ``"fail"`` with the uncovered problems.
+    """
+    if outcome.status != "fail" or not outcome.failed_checks:
+        return outcome
+    declared = [d for d in getattr(backend, "differences", ()) or ()
+                if d.applies_to(outcome.case, outcome.dtype)]
+    if not declared:
+        return outcome
+    for check, line in outcome.failed_checks:
+        names = [d.name for d in declared if d.covers_check(check)]
+        if not names:
+            continue
+        if check not in outcome.excused_checks:
+            outcome.excused_checks.append(check)
+        outcome.excused.append(f"{line} [declared: {', '.join(names)}]")
+        outcome.differences += [n for n in names if n not in outcome.differences]
+        if line in outcome.problems:
+            outcome.problems.remove(line)
+    if outcome.excused_checks and not [p for p in outcome.problems if not p.startswith("hint:")]:
+        outcome.status = "differs"
+        outcome.problems = []
+    return outcome
+
+
+def difference_status(backend: Backend, outcomes: Sequence[Outcome]) -> list[dict]:
+    """One entry per declaration of ``backend``: did it occur in this run?
+
+    ``status`` is ``"observed"`` (it excused a failing check of some case),
+    ``"not observed"`` (cases it covers ran, none of its checks failed) or
+    ``"not exercised"`` (no case it covers ran, e.g. filtered out by ``-k``
+    or ``--dtype``). ``runs``: the (case, dtype) runs it covers that ran;
+    ``observed_in``: those it excused a check of.
+    """
+    mine = [o for o in outcomes if o.backend == backend.name and o.ran and o.dtype is not None]
+    entries = []
+    for d in getattr(backend, "differences", ()) or ():
+        covered = [o for o in mine if d.applies_to(o.case, o.dtype)]
+        seen = [o for o in covered if d.name in o.differences]
+        status = "observed" if seen else ("not observed" if covered else "not exercised")
+        entries.append({
+            "name": d.name, "summary": d.summary, "cases": d.cases, "checks": list(d.checks),
+            "dtypes": None if d.dtypes is None else list(d.dtypes),
+            "status": status, "runs": len(covered), "observed_in": len(seen),
+        })
+    return entries
+
+
+def difference_problems(backends: Sequence[Backend], outcomes: Sequence[Outcome]) -> list[str]:
+    """A failure line per declaration that covered cases which ran, none of which showed it.
+
+    Such a declaration is stale (the backend changed) or broader than the
+    deviation (it would hide a regression in the checks it names): like a
+    strict expected failure, it fails the run. A declaration none of whose
+    cases ran is not judged (see :func:`difference_status`).
+    """
+    lines = []
+    for b in backends:
+        for entry in difference_status(b, outcomes):
+            if entry["status"] == "not observed":
+                lines.append(f"FAIL backend {b.name}: declared but not observed: {entry['name']} "
+                             f"(none of its checks failed in the {entry['runs']} case runs it covers; "
+                             f"cases {entry['cases']!r})")
+    return lines
+
+
+def verdict(backend: Backend, outcomes: Sequence[Outcome], problems: Sequence[str] = ()) -> str:
+    """``"conformant"``, ``"conformant except: a, b"`` or ``"not conformant: ..."``.
+
+    ``problems``: the run's failure lines; one naming the backend (a
+    coverage or declaration problem) makes it not conformant.
+    """
+    mine = [o for o in outcomes if o.backend == backend.name]
+    failed = sum(o.status == "fail" for o in mine)
+    own = [p for p in problems if p.startswith(f"FAIL backend {backend.name}:")]
+    if failed or own:
+        parts = ([f"{failed} failed case runs"] if failed else []) + [p[len("FAIL "):] for p in own[:1]]
+        more = f" (+{len(own) - 1} more)" if len(own) > 1 else ""
+        return "not conformant: " + "; ".join(parts) + more
+    names = [e["name"] for e in difference_status(backend, outcomes) if e["status"] == "observed"]
+    return "conformant except: " + ", ".join(names) if names else "conformant"

@@ -1,9 +1,13 @@
 """Backend registry: the built-in adapters and loading third-party ones.
 
 A backend is named either by a built-in name (``numpy``, ``torch``,
-``torch-fused``, ``jax``) or by ``"package.module:ClassName"``; the class must
-subclass :class:`conformance.protocol.Backend`. A backend whose module or
-``requires`` cannot be imported is *unavailable*, with a one-line reason.
+``torch-fused``, ``jax``), a peer's name (``torch-sdpa``, ``torch-mha``,
+``torch-encoder-layer``, ``jax-dpa``: the frameworks' own built-ins, see
+``conformance.backends.peers``; not run by default) or by
+``"package.module:ClassName"``; the class must subclass
+:class:`conformance.protocol.Backend`. A backend whose module or
+``requires`` cannot be imported, or whose declarations (dtypes, devices,
+differences, ...) are malformed, is *unavailable*, with a one-line reason.
 """
 from __future__ import annotations
 
@@ -11,13 +15,22 @@ import importlib
 
 from ..protocol import Backend
 
-__all__ = ["BUILTINS", "Unavailable", "load", "load_class", "declaration_problem"]
+__all__ = ["BUILTINS", "PEERS", "Unavailable", "load", "load_class", "declaration_problem"]
 
 BUILTINS = {
     "numpy": "conformance.backends.numpy_backend:NumpyBackend",
     "torch": "conformance.backends.torch_backend:TorchBackend",
     "torch-fused": "conformance.backends.torch_backend:TorchFusedBackend",
     "jax": "conformance.backends.jax_backend:JaxBackend",
+}
+
+#: the frameworks' own built-ins as backends (``python -m conformance peers``);
+#: loadable by name like a built-in, but not in the default run
+PEERS = {
+    "torch-sdpa": "conformance.backends.peers:TorchSdpaPeer",
+    "torch-mha": "conformance.backends.peers:TorchMhaPeer",
+    "torch-encoder-layer": "conformance.backends.peers:TorchEncoderLayerPeer",
+    "jax-dpa": "conformance.backends.peers:JaxDpaPeer",
 }
 
 
@@ -37,10 +50,11 @@ def load_class(spec: str) -> type[Backend]:
       Unavailable: with a one-line reason (unknown name, import failure,
         missing class, not a Backend, or a missing ``requires`` module).
     """
-    target = BUILTINS.get(spec, spec)
+    target = BUILTINS.get(spec) or PEERS.get(spec, spec)
     if ":" not in target:
         raise Unavailable(
-            f"unknown backend {spec!r}: expected one of {sorted(BUILTINS)} or 'package.module:ClassName'"
+            f"unknown backend {spec!r}: expected one of {sorted(BUILTINS) + sorted(PEERS)} "
+            "or 'package.module:ClassName'"
         )
     module_name, _, class_name = target.partition(":")
     try:
@@ -80,6 +94,57 @@ def declaration_problem(cls) -> str | None:
         return f"devices must be None or a tuple of platform names, got {devices!r}"
     if isinstance(cls.requires, str):
         return f"requires must be a tuple of module names, got the string {cls.requires!r}"
+    return differences_problem(cls)
+
+
+def differences_problem(cls) -> str | None:
+    """What is wrong with a Backend class's ``differences``, or None (see ``protocol.Difference``)."""
+    from fnmatch import fnmatchcase
+
+    from ..protocol import CHECK_ALIASES, OUTPUTS, Difference
+    from ..runner import parse_select
+
+    diffs = getattr(cls, "differences", ())
+    if isinstance(diffs, (str, Difference)) or not isinstance(diffs, (tuple, list)):
+        return f"differences must be a tuple of conformance.protocol.Difference, got {diffs!r}"
+    outputs = {n for names in OUTPUTS.values() for n in names} | {"out"}
+    seen = set()
+    for i, d in enumerate(diffs):
+        where = f"differences[{i}]"
+        if not isinstance(d, Difference):
+            return f"{where} must be a conformance.protocol.Difference, got {type(d).__name__}"
+        if not isinstance(d.name, str) or not d.name.strip() or any(c.isspace() for c in d.name):
+            return f"{where}.name must be a non-empty string without spaces, got {d.name!r}"
+        where = f"difference {d.name!r}"
+        if d.name in seen:
+            return f"{where} is declared twice"
+        seen.add(d.name)
+        if not isinstance(d.summary, str) or not d.summary.strip() or "\n" in d.summary:
+            return f"{where}: summary must be one non-empty line, got {d.summary!r}"
+        if not isinstance(d.cases, str):
+            return f"{where}: cases must be a -k expression (a string), got {d.cases!r}"
+        try:
+            parse_select(d.cases)
+        except ValueError as exc:
+            return f"{where}: cases {exc}"
+        if isinstance(d.checks, str) or not isinstance(d.checks, (tuple, list)) or not d.checks:
+            return (f"{where}: checks must be a non-empty tuple of 'all', 'outputs', 'gradients', "
+                    f"'output:<name>' or 'grad:<name>', got {d.checks!r}")
+        for check in d.checks:
+            kind, _, pattern = check.partition(":") if isinstance(check, str) else ("", "", "")
+            if check in CHECK_ALIASES:
+                continue
+            if kind not in ("output", "grad") or not pattern:
+                return (f"{where}: check {check!r} is none of 'all', 'outputs', 'gradients', "
+                        "'output:<name>', 'grad:<name>'")
+            if kind == "output" and not any(fnmatchcase(n, pattern) for n in outputs):
+                return f"{where}: check {check!r} names no output (outputs: {', '.join(sorted(outputs))})"
+        if not cls.gradients and all(p.startswith("grad:") for p in d.check_patterns()):
+            return f"{where}: names only gradient checks, but the backend declares gradients = False"
+        if d.dtypes is not None and (isinstance(d.dtypes, str) or not isinstance(d.dtypes, (tuple, list))
+                                     or not d.dtypes or any(t not in cls.dtypes for t in d.dtypes)):
+            return (f"{where}: dtypes must be None or a non-empty tuple of the backend's dtypes "
+                    f"({', '.join(cls.dtypes)}), got {d.dtypes!r}")
     return None
 
 

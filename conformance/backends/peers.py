@@ -1,0 +1,329 @@
+"""The peers: the frameworks' own attention built-ins, certified like any backend.
+
+Each adapter runs one built-in on the catalog cases it can express, with the
+catalog's weights, and declares where it deviates from the spec as
+:class:`conformance.protocol.Difference` data: the runner checks that every
+failure is one of those, and that every one of those really occurs.
+
+- ``torch-sdpa``: ``F.scaled_dot_product_attention`` on the
+  ``scaled_dot_product_attention`` cases without dropout. A bool mask is its
+  ``attn_mask`` as is (``True`` = attend, as here); a bias becomes a float
+  ``attn_mask`` (``-inf`` where a mask says no). It returns no weights, so
+  it is judged on the gradients of ``sum(out * cot_out)`` alone.
+- ``torch-mha``: ``nn.MultiheadAttention(batch_first=True)`` with the case's
+  parameters (``torch_impl.interop.mha_params_to_torch``, differentiable, so
+  the gradients come back in the canonical layout), ``need_weights=True,
+  average_attn_weights=False`` (weights per head, as here). Masks are
+  inverted into its polarity (``True`` = ignore): a ``(B, 1, 1, Lk)`` mask
+  becomes ``key_padding_mask (B, Lk)``, an ``(Lq, Lk)`` one ``attn_mask``,
+  any other the ``(B * H, Lq, Lk)`` form; a bias becomes a float
+  ``attn_mask`` of that form.
+- ``torch-encoder-layer``: ``nn.TransformerEncoderLayer(batch_first=True)``,
+  both norm orders, relu and gelu, in eval mode, masks as ``src_mask`` /
+  ``src_key_padding_mask`` in its polarity. Gradients need autograd, which
+  takes the module's slow path; the inference fast path
+  (``torch._transformer_encoder_layer_fwd``) would also need an even head
+  count, and every catalog case has ``H = 3``: it is not reached here
+  (``tests/torch_impl/test_oracles.py`` keeps its tests, ``H = 4``).
+- ``jax-dpa``: ``jax.nn.dot_product_attention(implementation="xla")`` on the
+  ``scaled_dot_product_attention`` cases without dropout, in its
+  ``(B, L, H, Dh)`` layout (``(B, H, L, Dh)`` here; a rank-3 ``(B, L, Dk)``
+  input is given one head), gradients from ``jax.vjp``. It returns no
+  weights either.
+
+None of them implements the bad-input contract (``errors = False``) or
+dropout with given keep-masks (dropout cases unsupported). ``python -m
+conformance peers`` runs them all; ``--markdown`` prints README's table.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..protocol import Call, Difference, Result, get_path
+from .jax_backend import JaxBackend
+from .torch_backend import TorchBackend, _to_numpy
+
+__all__ = ["TorchSdpaPeer", "TorchMhaPeer", "TorchEncoderLayerPeer", "JaxDpaPeer"]
+
+
+def _no_dropout(call: Call) -> bool:
+    return not call.kwargs.get("dropout_p")
+
+
+# --------------------------------------------------------------------------
+# PyTorch
+
+
+class _TorchPeer(TorchBackend):
+    """Inputs as tensors (``TorchBackend._to_torch``), the built-in in ``forward``,
+    gradients by autograd of ``sum(out * cot_out) [+ sum(weights * cot_weights)]``."""
+
+    errors = False
+    dtypes = ("float64", "float32", "bfloat16", "float16")
+    #: the one function this peer runs
+    function = ""
+    #: what it runs (README's table)
+    builtin = ""
+    #: how the peer's conventions are converted by the adapter (README's table)
+    conventions: tuple = ()
+
+    def supports(self, call: Call) -> bool:
+        return call.function == self.function and _no_dropout(call)
+
+    def forward(self, kw: dict) -> dict:
+        raise NotImplementedError
+
+    def run(self, call: Call, dtype: str | None) -> Result:
+        import torch
+
+        kwargs = self._to_torch(call.kwargs, dtype)
+        leaves = [get_path(kwargs, name) for name in call.wrt]
+        for leaf in leaves:
+            leaf.requires_grad_(True)
+        outputs = self.forward(kwargs)
+        numpy_outputs = {k: _to_numpy(v) for k, v in outputs.items()}
+        if not call.wrt:
+            return Result(numpy_outputs)
+        loss = 0
+        for name, out in outputs.items():
+            loss = loss + (out * torch.as_tensor(call.cotangents[name], device=out.device).to(out.dtype)).sum()
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        return Result(numpy_outputs, {
+            name: _to_numpy(torch.zeros_like(leaf) if g is None else g)
+            for name, leaf, g in zip(call.wrt, leaves, grads)
+        })
+
+
+def _torch_masks(mask, bias, B, H, Lq, Lk):
+    """``(key_padding_mask, attn_mask)`` for ``nn.MultiheadAttention`` from a spec
+    mask (``True`` = attend, broadcastable to ``(B, H, Lq, Lk)``) and bias.
+
+    Its polarity is the other one (``True`` = ignore), and it takes a 3-D
+    mask only as ``(B * H, Lq, Lk)``, batch-major.
+    """
+    import torch
+
+    from torch_impl import interop
+
+    if bias is None:
+        if mask is None:
+            return None, None
+        if mask.ndim == 4 and mask.shape[1:3] == (1, 1) and mask.shape[0] == B:
+            return interop.mask_to_torch(mask[:, 0, 0]), None  # (B, Lk)
+        if mask.ndim == 2:
+            return None, interop.mask_to_torch(mask)  # (Lq, Lk)
+        full = torch.broadcast_to(mask, (B, H, Lq, Lk)).reshape(B * H, Lq, Lk)
+        return None, interop.mask_to_torch(full)
+    full = torch.broadcast_to(bias, (B, H, Lq, Lk))
+    if mask is not None:
+        full = torch.where(torch.broadcast_to(mask, (B, H, Lq, Lk)), full, -torch.inf)
+    return None, full.reshape(B * H, Lq, Lk)
+
+
+class TorchSdpaPeer(_TorchPeer):
+    name = "torch-sdpa"
+    builtin = "torch.nn.functional.scaled_dot_product_attention"
+    function = "scaled_dot_product_attention"
+    conventions = ("mask: `True` = attend, as here; a bias is a float `attn_mask`",
+                   "no weights returned: judged on the gradients of `sum(out * cot)`")
+    differences = ()
+
+    def forward(self, kw: dict) -> dict:
+        import torch
+        import torch.nn.functional as F
+
+        mask, bias = kw["mask"], kw["bias"]
+        attn_mask = mask
+        if bias is not None:
+            attn_mask = bias if mask is None else torch.where(mask, bias, -torch.inf)
+        out = F.scaled_dot_product_attention(kw["q"], kw["k"], kw["v"], attn_mask=attn_mask, scale=kw["scale"])
+        return {"out": out}
+
+
+class TorchMhaPeer(_TorchPeer):
+    name = "torch-mha"
+    builtin = "torch.nn.MultiheadAttention"
+    function = "multi_head_attention"
+    conventions = ("mask: `True` = **ignore**; the adapter inverts it (`key_padding_mask`, `attn_mask`)",
+                   "weights averaged over heads by default; the adapter asks `average_attn_weights=False`",
+                   "packed `in_proj_weight (3D, D)`, weights `(out, in)`: `interop.mha_params_to_torch`")
+    differences = (
+        Difference(
+            "fully-masked-row-nan",
+            "a query row with no key to attend (every key masked, or a `-inf` bias on every key) "
+            "gives NaN in out and weights, and, through 0 * NaN, in every gradient but b_o's; "
+            "the spec: weights 0, out = b_o, gradients finite",
+            cases="mha/cross/fully-masked or mha/cross/mask_to_bias"),
+    )
+
+    def forward(self, kw: dict) -> dict:
+        import torch
+        from torch import nn
+
+        from torch_impl import interop
+
+        query, key, value = kw["query"], kw["key"], kw["value"]
+        B, Lq, D = query.shape
+        H, Lk = kw["num_heads"], key.shape[1]
+        module = nn.MultiheadAttention(D, H, batch_first=True, dtype=query.dtype, device=query.device)
+        key_padding_mask, attn_mask = _torch_masks(kw["mask"], kw["bias"], B, H, Lq, Lk)
+        out, weights = torch.func.functional_call(
+            module, interop.mha_params_to_torch(kw["params"]), (query, key, value),
+            {"key_padding_mask": key_padding_mask, "attn_mask": attn_mask,
+             "need_weights": True, "average_attn_weights": False})
+        return {"out": out, "weights": weights}
+
+
+class TorchEncoderLayerPeer(_TorchPeer):
+    name = "torch-encoder-layer"
+    builtin = "torch.nn.TransformerEncoderLayer"
+    function = "encoder_layer"
+    conventions = ("masks: `True` = **ignore**; the adapter inverts them (`src_mask`, `src_key_padding_mask`)",
+                   "eval mode, autograd on: the slow path (the fast path needs an even head count; "
+                   "the catalog has H = 3)")
+    differences = ()
+
+    def forward(self, kw: dict) -> dict:
+        import torch
+        from torch import nn
+
+        from torch_impl import interop
+
+        x = kw["x"]
+        B, L, D = x.shape
+        H, F = kw["num_heads"], kw["params"]["ffn"]["w_1"].shape[1]
+        layer = nn.TransformerEncoderLayer(
+            D, H, F, dropout=0.0, activation=kw["activation"], layer_norm_eps=kw["eps"],
+            batch_first=True, norm_first=kw["norm_first"], dtype=x.dtype, device=x.device).eval()
+        key_padding_mask, attn_mask = _torch_masks(kw["mask"], None, B, H, L, L)
+        out = torch.func.functional_call(
+            layer, interop.encoder_layer_params_to_torch(kw["params"]), (x,),
+            {"src_mask": attn_mask, "src_key_padding_mask": key_padding_mask})
+        return {"out": out}
+
+
+# --------------------------------------------------------------------------
+# JAX
+
+
+class JaxDpaPeer(JaxBackend):
+    name = "jax-dpa"
+    builtin = "jax.nn.dot_product_attention"
+    errors = False
+    # float16 is not declared: on CPU its dot asks for a float16 x float16 -> float32
+    # product that XLA's CPU backend refuses ("F16_F16_F32 is not supported")
+    conventions = ("layout `(B, L, H, Dh)`; the adapter transposes (rank 3: one head)",
+                   "one head width for q, k, v: the adapter zero-pads the narrower (exact) and "
+                   "passes the scale `1/sqrt(Dk)` explicitly",
+                   "mask: `True` = attend, as here; no weights returned")
+    differences = (
+        Difference(
+            "fully-masked-row-mean-of-v",
+            "a fully masked query row gets uniform weights over all keys (masked logits are a finite "
+            "fill), so out is the mean of V there and v's gradient gets those weights; the spec: 0",
+            cases="sdpa/cross/fully-masked", checks=("output:out", "grad:v")),
+        Difference(
+            "minus-inf-bias-row-nan",
+            "a query row whose bias is `-inf` on every key gives NaN in out and every gradient; "
+            "the spec counts `-inf` scores as masked: 0",
+            cases="sdpa/cross/mask_to_bias"),
+        Difference(
+            "float64-softmax-in-float32",
+            "float64 inputs: the logits are rounded to float32 for the softmax, so outputs and "
+            "gradients agree with the float64 spec only to float32 precision (about 1e-7 relative)",
+            cases="sdpa", dtypes=("float64",)),
+    )
+
+    def supports(self, call: Call) -> bool:
+        return call.function == "scaled_dot_product_attention" and _no_dropout(call)
+
+    def prepare(self, calls, dtype: str) -> None:
+        """Every call of the batch as ONE jitted program (compiling is most of the time)."""
+        import jax
+
+        if not hasattr(self, "device"):
+            self.setup()
+        with jax.default_device(self.device), jax.default_matmul_precision("highest"):
+            packed = [_dpa_pack(call, dtype) for call in calls]
+            try:
+                results = jax.device_get(_dpa_batched()([p[0] for p in packed], specs=tuple(p[1] for p in packed)))
+            except Exception:  # noqa: BLE001 - each call then runs alone in run() and reports itself
+                return
+        for call, (out, grads) in zip(calls, results):
+            self._done[(call.case, dtype)] = (call, _dpa_result(call, out, grads))
+
+    def run(self, call: Call, dtype: str | None) -> Result:
+        import jax
+
+        kept = self._done.pop((call.case, dtype), None)
+        if kept is not None and kept[0] is call:
+            return kept[1]
+        if not hasattr(self, "device"):
+            self.setup()
+        with jax.default_device(self.device), jax.default_matmul_precision("highest"):
+            item, spec = _dpa_pack(call, dtype)
+            ((out, grads),) = _dpa_batched()([item], specs=(spec,))
+        return _dpa_result(call, out, grads)
+
+
+def _dpa_pack(call: Call, dtype: str):
+    """``((diff, mask, cotangent), spec)``: the arrays of one call, and its static configuration."""
+    import jax.numpy as jnp
+
+    kw, dt = call.kwargs, jnp.dtype(dtype)
+    diff = {n: jnp.asarray(kw[n], dtype=dt) for n in ("q", "k", "v", "bias") if kw[n] is not None}
+    mask = None if kw["mask"] is None else jnp.asarray(kw["mask"])
+    dk = kw["q"].shape[-1]
+    # the spec's default scale, given explicitly: the zero-padding in _dpa_vjp must not change it
+    scale = 1.0 / float(np.sqrt(dk)) if kw["scale"] is None else float(kw["scale"])
+    spec = (("rank3", kw["q"].ndim == 3), ("dv", kw["v"].shape[-1]), ("scale", scale))
+    return (diff, mask, jnp.asarray(call.cotangents["out"], dtype=dt)), spec
+
+
+def _dpa_vjp(diff, mask, cotangent, *, rank3, dv, scale):
+    """``jax.nn.dot_product_attention`` in the spec's layout: its output and the vjp of ``cotangent``."""
+    import jax
+    import jax.numpy as jnp
+
+    width = max(diff["q"].shape[-1], dv)
+    if mask is not None and rank3 and mask.ndim == 3:
+        mask = mask[:, None]  # (B, Lq|1, Lk) -> (B, 1, Lq|1, Lk): one head
+
+    def to_blhd(t):  # (B, H, L, D) -> (B, L, H, width); (B, L, D) -> (B, L, 1, width)
+        # jax.nn wants one head width for q, k and v: zero columns add exact
+        # zeros to q kᵀ and give output columns that are dropped
+        t = jnp.pad(t, [(0, 0)] * (t.ndim - 1) + [(0, width - t.shape[-1])])
+        return t[:, :, None, :] if rank3 else jnp.swapaxes(t, 1, 2)
+
+    def forward(diff):
+        bias = diff.get("bias")
+        if bias is not None and rank3 and bias.ndim == 3:
+            bias = bias[:, None]
+        out = jax.nn.dot_product_attention(to_blhd(diff["q"]), to_blhd(diff["k"]), to_blhd(diff["v"]),
+                                           bias=bias, mask=mask, scale=scale, implementation="xla")
+        out = out[:, :, 0, :] if rank3 else jnp.swapaxes(out, 1, 2)
+        return out[..., :dv]
+
+    out, vjp = jax.vjp(forward, diff)
+    (grads,) = vjp(cotangent)
+    return out, grads
+
+
+@functools.lru_cache(maxsize=None)
+def _dpa_batched():
+    import jax
+
+    def many(items, *, specs):
+        return [_dpa_vjp(*item, **dict(spec)) for item, spec in zip(items, specs)]
+
+    return jax.jit(many, static_argnames=("specs",))
+
+
+def _dpa_result(call: Call, out, grads) -> Result:
+    return Result({"out": _as_float64(out)}, {n: _as_float64(grads[n]) for n in call.wrt})
+
+
+def _as_float64(a):
+    return np.asarray(a).astype(np.float64)
