@@ -200,6 +200,8 @@ def _attn_mask(rng, kind, B, H, Lq, Lk):
 
     ``fully-masked``: batch 0 has no key at all (every row masked) and one
     query row of batch 1 is masked too, on top of a causal mask.
+    ``per-head``: padding with a length per batch and head, ``(B, H, 1, Lk)``:
+    the last key is in no head's reach, the ones before it in some heads' only.
     """
     if kind == "none":
         return None
@@ -217,6 +219,9 @@ def _attn_mask(rng, kind, B, H, Lq, Lk):
         m = _pad([0, Lk - 2], Lk) & _causal(Lq, Lk)  # (B, 1, Lq, Lk)
         m[1, :, Lq // 2, :] = False
         return m
+    if kind == "per-head":
+        lengths = Lk - 1 - np.arange(B * H).reshape(B, H) % 4  # Lk=7, H=3: [[6, 5, 4], [3, 6, 5]]
+        return (np.arange(Lk) < lengths[..., None])[:, :, None, :]  # (B, H, 1, Lk)
     raise ValueError(kind)
 
 
@@ -490,6 +495,8 @@ _case("sdpa/poison/fully-masked-mixed", _SDPA, partial(_sdpa_poison, poison="mix
       note="fully masked rows stay 0 with NaN/±inf in every unread key")
 _case("sdpa/poison/dropout-nan", _SDPA, partial(_sdpa_poison, poison="nan", mask="padding+causal", dropout_p=0.3))
 _case("sdpa/poison/rank3-padding-nan", _SDPA, partial(_sdpa_poison, poison="nan", rank=3))
+_case("sdpa/poison/per-head-nan", _SDPA, partial(_sdpa_poison, poison="nan", mask="per-head"),
+      note="a key unread in one head only is poisoned in that head only")
 
 # --------------------------------------------------------------------------
 # additive attention: B=2, Lq=3, Lk=7, Dq=5, Dk=6, A=4
@@ -626,6 +633,8 @@ _case("mha/poison/bias-mixed", _MHA, partial(_mha_poison, poison="mixed", mask="
 _case("mha/poison/mask_to_bias-nan", _MHA, partial(_mha_poison, poison="nan", mask="none", bias="mask_to_bias"),
       note="a position whose bias column is all -inf is unread too")
 _case("mha/poison/dropout-nan", _MHA, partial(_mha_poison, poison="nan", mask="padding+causal", dropout_p=0.3))
+_case("mha/poison/per-head-nan", _MHA, partial(_mha_poison, poison="nan", mask="per-head"),
+      note="a position is unread only if no head reads it: the last one; the ones some heads read stay")
 
 # --------------------------------------------------------------------------
 # layers: linear (B=2, L=5, D_in=6, D_out=9), layer norm / feed-forward (D=12, F=20)
