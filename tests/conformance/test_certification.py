@@ -93,7 +93,7 @@ def test_an_adapter_without_an_error_contract_has_its_error_cases_not_checked(ca
     line = next(l for l in out.splitlines() if l.startswith("my-attention: "))
     assert "errors not checked (no error contract declared)" in line
     assert "72 not checked" in line
-    assert "float64 20/115 value cases" in line
+    assert "float64 28/134 value cases" in line
 
 
 def test_only_error_cases_on_an_adapter_without_error_contract_certify_nothing(capsys):
