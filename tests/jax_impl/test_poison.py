@@ -8,6 +8,7 @@ nothing non-finite. This is JAX's ``where`` trap checked: the zeroing
 ``jnp.where`` must come before every product, since after one the VJP of the
 unselected branch is ``0 * NaN = NaN``.
 """
+import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -18,7 +19,7 @@ from conformance.invoke import split_args  # noqa: E402
 from conformance.protocol import output_names  # noqa: E402
 
 from ..poison import POISON, assert_unread, clean_twin  # noqa: E402
-from .conftest import flatten, set_path, to_jax, to_numpy  # noqa: E402
+from .conftest import catalog, flatten, set_path, to_jax, to_numpy  # noqa: E402
 
 
 def runner(call, dtype, jit):
@@ -60,3 +61,20 @@ def test_poison_no_query_may_attend_reaches_no_output_and_no_gradient(case, mode
     call = case.call()
     run = runner(call, jnp.dtype(dtype), jit=mode == "jit")
     assert_unread(run(call.kwargs), run(clean_twin(call.kwargs, rng)), call.kwargs)
+
+
+def test_jax_nn_gives_nan_for_nan_padding_where_spec_reads_none_of_it():
+    # the difference (docs/JAX.md): jax.nn multiplies the weight 0 by the padded
+    # value, so NaN padding makes the whole sequence NaN
+    from jax_impl import interop
+
+    kw = to_jax(catalog("sdpa/poison/padding-nan"))  # batch 0: keys 4-6 padded, NaN in k and v
+    q, k, v, mask = kw["q"], kw["k"], kw["v"][..., : kw["k"].shape[-1]], kw["mask"]  # jax.nn: Dv = Dk
+    blhd = interop.heads_to_blhd
+    theirs = interop.heads_from_blhd(jax.nn.dot_product_attention(blhd(q), blhd(k), blhd(v), mask=mask))
+    ours, _ = ji.scaled_dot_product_attention(q, k, v, mask=mask)
+    clean, _ = ji.scaled_dot_product_attention(q, jnp.nan_to_num(k), jnp.nan_to_num(v), mask=mask)
+    assert jnp.isnan(theirs[0]).all() and not jnp.isnan(theirs[1]).any()
+    assert jnp.array_equal(ours, clean)
+    # where nothing is poisoned they agree (jax.nn's softmax is float32: its tolerance)
+    np.testing.assert_allclose(to_numpy(theirs[1]), to_numpy(ours[1]), rtol=1e-5, atol=1e-6)

@@ -11,13 +11,15 @@ unselected branch would be ``0 * NaN``).
 import pytest
 
 torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
 
 import torch_impl as ti  # noqa: E402
 from conformance.invoke import name_outputs, split_args  # noqa: E402
 from conformance.protocol import get_path  # noqa: E402
 
+from ..dims import D, H  # noqa: E402
 from ..poison import POISON, assert_unread, clean_twin  # noqa: E402
-from .conftest import to_numpy, to_torch  # noqa: E402
+from .conftest import catalog, to_numpy, to_torch  # noqa: E402
 
 #: functions with a fused path (``need_weights=False``)
 FUSED = ("scaled_dot_product_attention", "multi_head_attention")
@@ -50,3 +52,33 @@ def test_poison_no_query_may_attend_reaches_no_output_and_no_gradient(case, path
     extra = {"need_weights": False} if path == "fused" else {}
     twin = clean_twin(call.kwargs, rng)
     assert_unread(results(call, call.kwargs, dtype, extra), results(call, twin, dtype, extra), call.kwargs)
+
+
+# --------------------------------------------------------------------------
+# the difference from PyTorch's built-ins (docs/TORCH.md): they multiply the
+# weight 0 by the padded value, so NaN padding makes the whole sequence NaN
+
+
+def test_builtin_sdpa_and_multihead_attention_give_nan_for_nan_padding_where_spec_reads_none_of_it():
+    from torch_impl import interop
+
+    kw = to_torch(catalog("sdpa/poison/padding-nan"))  # batch 0: keys 4-6 padded, NaN in k and v
+    q, k, v, mask = kw["q"], kw["k"], kw["v"], kw["mask"]
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    clean = F.scaled_dot_product_attention(q, k.nan_to_num(0.0), v.nan_to_num(0.0), attn_mask=mask)
+    assert torch.isnan(theirs[0]).all() and not torch.isnan(theirs[1]).any()
+    for need_weights in (True, False):
+        ours, _ = ti.scaled_dot_product_attention(q, k, v, mask=mask, need_weights=need_weights)
+        torch.testing.assert_close(ours, clean, rtol=1e-10, atol=1e-12)
+
+    kw = to_torch(catalog("mha/poison/padding-nan"))  # batch 0: positions 4-6 of key/value NaN
+    mha = torch.nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64)
+    mha.load_state_dict(interop.mha_params_to_torch(kw["params"]))
+    torch_mask = interop.mask_to_torch(kw["mask"])  # (B, 1, 1, Lk), True = ignore
+    with torch.no_grad():
+        theirs, _ = mha(kw["query"], kw["key"], kw["value"], key_padding_mask=torch_mask[:, 0, 0])
+        clean, _ = mha(kw["query"], kw["key"].nan_to_num(0.0), kw["value"].nan_to_num(0.0),
+                       key_padding_mask=torch_mask[:, 0, 0])
+        ours, _ = ti.multi_head_attention(kw["query"], kw["key"], kw["value"], kw["params"], H, mask=kw["mask"])
+    assert torch.isnan(theirs[0]).all() and not torch.isnan(theirs[1]).any()
+    torch.testing.assert_close(ours, clean, rtol=1e-10, atol=1e-12)
