@@ -181,13 +181,36 @@ def _bf16(a):
 
 
 def _exact_in_half(a) -> bool:
-    """True iff float64 ``a`` survives a round trip through bfloat16 and float16."""
+    """True iff float64 ``a`` survives a round trip through bfloat16 and float16
+    (NaN and ±inf do: the poison cases carry them)."""
     with np.errstate(over="ignore"):
-        return bool(np.array_equal(_bf16(a), a) and np.array_equal(a.astype(np.float16).astype(np.float64), a))
+        return bool(np.array_equal(_bf16(a), a, equal_nan=True)
+                    and np.array_equal(a.astype(np.float16).astype(np.float64), a, equal_nan=True))
 
 
 def _normal(rng, *shape, scale=1.0):
     return _bf16(rng.standard_normal(shape) * scale)
+
+
+#: the values of the poison cases (SPEC 3.4a), exact in every dtype
+_POISON = {"nan": (np.nan,), "inf": (np.inf, -np.inf), "mixed": (np.nan, np.inf, -np.inf)}
+
+
+def _poison(rng, x, where, kind):
+    """``x`` with NaN (``kind="nan"``), ±inf (``"inf"``) or both (``"mixed"``)
+    wherever ``where`` (broadcastable to ``x``) holds: entries that no
+    implementation may read (SPEC 3.4a)."""
+    return np.where(where, rng.choice(_POISON[kind], size=x.shape), x)
+
+
+def _valid(mask, bias, shape):
+    """``mask & (bias != -inf)`` broadcast to the scores' ``shape`` (a None term is True)."""
+    valid = np.ones(shape, dtype=bool)
+    if mask is not None:
+        valid = valid & mask
+    if bias is not None:
+        valid = valid & (bias != -np.inf)
+    return valid
 
 
 def _keep(rng, shape, p):
@@ -207,6 +230,8 @@ def _attn_mask(rng, kind, B, H, Lq, Lk):
 
     ``fully-masked``: batch 0 has no key at all (every row masked) and one
     query row of batch 1 is masked too, on top of a causal mask.
+    ``per-head``: padding with a length per batch and head, ``(B, H, 1, Lk)``:
+    the last key is in no head's reach, the ones before it in some heads' only.
     """
     if kind == "none":
         return None
@@ -224,6 +249,9 @@ def _attn_mask(rng, kind, B, H, Lq, Lk):
         m = _pad([0, Lk - 2], Lk) & _causal(Lq, Lk)  # (B, 1, Lq, Lk)
         m[1, :, Lq // 2, :] = False
         return m
+    if kind == "per-head":
+        lengths = Lk - 1 - np.arange(B * H).reshape(B, H) % 4  # Lk=7, H=3: [[6, 5, 4], [3, 6, 5]]
+        return (np.arange(Lk) < lengths[..., None])[:, :, None, :]  # (B, H, 1, Lk)
     raise ValueError(kind)
 
 
@@ -405,6 +433,19 @@ _case("softmax/neg-inf", "softmax", partial(_softmax, neg_inf=True),
 _case("softmax/length1", "softmax", lambda r: {"x": _normal(r, 2, 3, 5, 1), "axis": -1, "mask": None},
       zero=_zero("x", "a softmax over one entry is 1 whatever the entry"))
 
+
+def _softmax_poison(r, poison, mask):
+    kw = _softmax(r, mask=mask)
+    kw["x"] = _poison(r, kw["x"], ~np.broadcast_to(kw["mask"], kw["x"].shape), poison)
+    return kw
+
+
+# poison: NaN and inf where nothing may read them (SPEC 3.4a)
+_case("softmax/poison/masked-mixed", "softmax", partial(_softmax_poison, poison="mixed", mask="random"),
+      note="NaN/±inf at every masked entry: weight 0, gradient 0, the rows as if clean")
+_case("softmax/poison/fully-masked-nan", "softmax", partial(_softmax_poison, poison="nan", mask="fully-masked"),
+      note="a fully masked row of NaN is 0, gradient 0")
+
 # --------------------------------------------------------------------------
 # scaled dot-product attention: B=2, H=3, Lq=5, Lk=7, Dk=4, Dv=6
 
@@ -461,6 +502,35 @@ _case("sdpa/length0/key", _SDPA, partial(_sdpa, Lk=0),
       note="Lk = 0: every row fully masked; out 0, weights (B, H, Lq, 0), gradients 0",
       zero=_zero("q k v", _NO_KEY))
 
+
+def _sdpa_poison(r, poison, mask="padding", bias=None, dropout_p=0.0, rank=4):
+    """:func:`_sdpa` with ``poison`` in the rows of ``k`` and ``v`` that no query
+    may attend and, with a full bias, in every bias entry the mask removes."""
+    kw = _sdpa(r, mask=mask, bias=bias, dropout_p=dropout_p, rank=rank)
+    scores = (*kw["q"].shape[:-1], kw["k"].shape[-2])  # (*batch, Lq, Lk)
+    unread = ~_valid(kw["mask"], kw["bias"], scores).any(axis=-2)[..., None]  # (*batch, Lk, 1)
+    kw["k"], kw["v"] = _poison(r, kw["k"], unread, poison), _poison(r, kw["v"], unread, poison)
+    if bias == "full" and kw["mask"] is not None:
+        kw["bias"] = _poison(r, kw["bias"], ~kw["mask"], poison)
+    return kw
+
+
+# poison: NaN and inf where nothing may read them (SPEC 3.4a)
+_case("sdpa/poison/padding-nan", _SDPA, partial(_sdpa_poison, poison="nan"),
+      note="NaN in the k and v rows of padded keys: results as if clean, gradient 0 there")
+_case("sdpa/poison/padding+causal-inf", _SDPA, partial(_sdpa_poison, poison="inf", mask="padding+causal"),
+      note="±inf in the keys no query may attend (padded, or after the last query under causal)")
+_case("sdpa/poison/bias-inf", _SDPA, partial(_sdpa_poison, poison="inf", mask="padding+causal", bias="full"),
+      note="±inf in every bias entry the mask removes, and in the unread k and v rows")
+_case("sdpa/poison/mask_to_bias-nan", _SDPA, partial(_sdpa_poison, poison="nan", mask="none", bias="mask_to_bias"),
+      note="a key whose bias column is all -inf is unread too: batch 0 (no key at all) is all NaN")
+_case("sdpa/poison/fully-masked-mixed", _SDPA, partial(_sdpa_poison, poison="mixed", mask="fully-masked"),
+      note="fully masked rows stay 0 with NaN/±inf in every unread key")
+_case("sdpa/poison/dropout-nan", _SDPA, partial(_sdpa_poison, poison="nan", mask="padding+causal", dropout_p=0.3))
+_case("sdpa/poison/rank3-padding-nan", _SDPA, partial(_sdpa_poison, poison="nan", rank=3))
+_case("sdpa/poison/per-head-nan", _SDPA, partial(_sdpa_poison, poison="nan", mask="per-head"),
+      note="a key unread in one head only is poisoned in that head only")
+
 # --------------------------------------------------------------------------
 # additive attention: B=2, Lq=3, Lk=7, Dq=5, Dk=6, A=4
 
@@ -497,6 +567,25 @@ _case("additive/length0/keys", "additive_attention",
 _case("additive/large-scores", "additive_attention",
       lambda r: _with_gap(lambda: _additive(r, v_scale=1e4), _additive_scores),
       note="scores ~1e4 overflow a naive softmax", zero=_zero("query params.w_1 params.w_2 params.v", _ONE_HOT))
+
+
+def _additive_poison(r, poison, mask="padding"):
+    """:func:`_additive` with ``poison`` in the rows of ``keys`` no query may attend."""
+    kw = _additive(r, mask=mask)
+    (B, Lq, _), Lk = kw["query"].shape, kw["keys"].shape[1]
+    m = kw["mask"][:, 0] if kw["mask"].ndim == 4 else kw["mask"]  # (B, Lq|1, Lk)
+    unread = ~_valid(m, None, (B, Lq, Lk)).any(axis=1)[..., None]  # (B, Lk, 1)
+    kw["keys"] = _poison(r, kw["keys"], unread, poison)
+    return kw
+
+
+# poison: NaN and inf where nothing may read them (SPEC 3.4a)
+_case("additive/poison/padding-nan", "additive_attention", partial(_additive_poison, poison="nan"),
+      note="NaN in padded keys (also the values): results as if clean, gradient 0 there")
+_case("additive/poison/causal-inf", "additive_attention", partial(_additive_poison, poison="inf", mask="causal"),
+      note="Lq=3 < Lk=7: the keys after the last query are never read")
+_case("additive/poison/fully-masked-mixed", "additive_attention",
+      partial(_additive_poison, poison="mixed", mask="fully-masked"))
 
 # --------------------------------------------------------------------------
 # multi-head attention: B=2, H=3, Lq=5, Lk=7, D=12 (Dh=4)
@@ -559,6 +648,34 @@ _case("mha/cross/one-head", _MHA, partial(_mha, H=1, mask="causal"))
 _case("mha/cross/twelve-heads", _MHA, partial(_mha, H=12, mask="padding"), note="Dh = 1")
 _case("mha/length0/key", _MHA, partial(_mha, Lk=0), note="Lk = 0: no key at all, so out = b_o",
       zero=_zero("query key value params.w_q params.b_q params.w_k params.w_v params.b_v params.w_o", _NO_KEY))
+
+
+def _mha_poison(r, poison, mask="padding", bias=None, dropout_p=0.0):
+    """:func:`_mha` with ``poison`` in the rows of ``key`` and ``value`` that no
+    query of any head may attend and, with a full bias, in every bias entry the
+    mask removes."""
+    kw = _mha(r, mask=mask, bias=bias, dropout_p=dropout_p)
+    (B, Lq, _), Lk = kw["query"].shape, kw["key"].shape[1]
+    valid = _valid(kw["mask"], kw["bias"], (B, kw["num_heads"], Lq, Lk))
+    unread = ~valid.any(axis=(1, 2))[..., None]  # (B, Lk, 1)
+    kw["key"], kw["value"] = _poison(r, kw["key"], unread, poison), _poison(r, kw["value"], unread, poison)
+    if bias == "full" and kw["mask"] is not None:
+        kw["bias"] = _poison(r, kw["bias"], ~kw["mask"], poison)
+    return kw
+
+
+# poison: NaN and inf where nothing may read them (SPEC 3.4a)
+_case("mha/poison/padding-nan", _MHA, partial(_mha_poison, poison="nan"),
+      note="NaN in the key and value rows of padded positions: results as if clean, their "
+           "gradients 0, and no NaN in dw_k, dw_v")
+_case("mha/poison/padding+causal-inf", _MHA, partial(_mha_poison, poison="inf", mask="padding+causal"))
+_case("mha/poison/bias-mixed", _MHA, partial(_mha_poison, poison="mixed", mask="padding+causal", bias="full"),
+      note="NaN/±inf in every bias entry the mask removes, and in the unread key and value rows")
+_case("mha/poison/mask_to_bias-nan", _MHA, partial(_mha_poison, poison="nan", mask="none", bias="mask_to_bias"),
+      note="a position whose bias column is all -inf is unread too")
+_case("mha/poison/dropout-nan", _MHA, partial(_mha_poison, poison="nan", mask="padding+causal", dropout_p=0.3))
+_case("mha/poison/per-head-nan", _MHA, partial(_mha_poison, poison="nan", mask="per-head"),
+      note="a position is unread only if no head reads it: the last one; the ones some heads read stay")
 
 # --------------------------------------------------------------------------
 # layers: linear (B=2, L=5, D_in=6, D_out=9), layer norm / feed-forward (D=12, F=20)

@@ -16,6 +16,15 @@ fill) or ``0 / 0 = NaN``. Masked scores become ``-inf``, whose ``exp`` is
 (``0 * inf = NaN``), so an empty row's max is taken as 0 (no ``exp(-inf -
 -inf)``) and its denominator as 1 (no ``0 / 0``).
 
+A key that no query may attend (its mask column all False, or its bias
+column all ``-inf``) is never read (SPEC 3.4a): its rows of ``k`` and ``v``
+(of ``keys``; of ``key`` and ``value`` before the projections) are set to 0
+by ``jnp.where`` *before* any product, because a weight of exactly 0 still
+gives ``0 * NaN = NaN`` in ``p @ v`` and in the VJP's ``ds @ k`` and
+``xᵀ dy`` (a where *after* the product would select the NaN's gradient
+``0 * NaN`` too); the where passes them gradient 0. So padding may hold
+anything, NaN and inf included.
+
 Pure and ``jit``-compatible. Static under ``jax.jit``: ``axis``, ``scale``,
 ``num_heads``, ``dropout_p``; ``rng`` is a JAX PRNG key (an array; JAX has
 no global generator, so ``dropout_p > 0`` needs it or an explicit
@@ -136,6 +145,8 @@ def scaled_dot_product_attention(
     """
     rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask)  # SPEC 3.6
     scale = _scale(q, scale)
+    read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
+    k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
     # scores and softmax in float32 for half inputs
     # scale folded into q: Lq * Dk multiplies instead of Lq * Lk
     scores = (_upcast(q) * scale) @ jnp.swapaxes(_upcast(k), -1, -2)  # (*batch, Lq, Lk)
@@ -172,6 +183,7 @@ def additive_attention(query, keys, params, mask=None):
       ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
     """
     mask = rules.additive(query, keys, params, mask)  # SPEC 3.7; a (B, 1, 1, Lk) mask loses its head axis
+    keys = _unread_to_zero(keys, _read_keys(mask, None))  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
     e = t @ params["v"]  # (B, Lq, Lk)
     weights = _masked_softmax(_upcast(e), mask, -1).astype(e.dtype)  # (B, Lq, Lk)
@@ -215,9 +227,12 @@ def multi_head_attention(
       ``out`` row is ``b_o``.
     """
     rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)  # SPEC 3.8
+    # SPEC 3.4a: a position no query of any head may attend is never read
+    read = _read_positions(_read_keys(mask, bias))  # (B|1, Lk, 1) or None
+    key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
     # 1) project, 2) split heads
     qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
-    # 3) attend
+    # 3) attend (which zeroes the keys a single head does not read)
     heads, weights = scaled_dot_product_attention(
         qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng
     )  # (B, H, Lq, Dh), (B, H, Lq, Lk)
@@ -291,8 +306,41 @@ def _xavier_uniform(key, fan_in, fan_out, dtype):
 
 
 # --------------------------------------------------------------------------
-# shared pieces: scale
+# shared pieces: unread keys, scale
 # --------------------------------------------------------------------------
+
+
+def _read_keys(mask, bias):
+    """Which keys some query may attend, as rows: ``read[..., j, 0] =
+    any_i(mask[..., i, j] & (bias[..., i, j] != -inf))``, shape ``(..., Lk, 1)``
+    (broadcastable to ``k``), or None when neither is given (every key is read).
+
+    Decided by ``mask`` and ``bias`` alone, never by the scores: whether a key
+    is read must not depend on the key (SPEC 3.4a).
+    """
+    if mask is None and bias is None:
+        return None
+    valid = mask
+    if bias is not None:
+        finite = bias != -jnp.inf  # a -inf score counts as masked (SPEC 3.3)
+        valid = finite if valid is None else valid & finite
+    return jnp.swapaxes(jnp.any(jnp.atleast_2d(valid), axis=-2, keepdims=True), -1, -2)  # (..., Lk, 1)
+
+
+def _read_positions(read):
+    """:func:`_read_keys` of a ``(B, H, Lq, Lk)`` mask reduced over the heads:
+    the key/value *input* positions some head reads, ``(B|1, Lk, 1)``, or None."""
+    if read is None:
+        return None
+    read = read.reshape((1,) * (4 - read.ndim) + tuple(read.shape))  # (B|1, H|1, Lk, 1)
+    return jnp.any(read, axis=1)  # (B|1, Lk, 1)
+
+
+def _unread_to_zero(x, read):
+    """``where(read, x, 0)``: the rows of unread keys set to 0 by selection, so
+    a NaN or inf there reaches neither a product nor a gradient (the where's
+    own gradient is 0 in those rows); ``x`` itself when ``read`` is None."""
+    return x if read is None else jnp.where(read, x, 0.0)
 
 
 def _scale(q, scale):

@@ -11,4 +11,4 @@ from .attention import *  # noqa: F401,F403
 from .layers import *  # noqa: F401,F403
 from .encoder import *  # noqa: F401,F403
 
-SPEC_VERSION = "1.0"
+SPEC_VERSION = "1.1"

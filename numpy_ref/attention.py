@@ -11,6 +11,13 @@ out of the softmax, so a fully masked row gets weights 0, output 0 and
 gradient 0 instead of a uniform average over padding (the ``-1e9`` tutorial
 version) or ``0 / 0 = NaN``.
 
+A key that no query may attend (its mask column all False, or its bias
+column all ``-inf``) is never read (SPEC 3.4a): its rows of ``k`` and ``v``
+(of ``keys``; of ``key`` and ``value`` before the projections) are replaced by
+0 before any product, because a weight of exactly 0 still gives
+``0 * NaN = NaN`` in ``p @ v``, ``ds @ k`` and ``xᵀ dy``; their gradients are
+0. So padding may hold anything, NaN and inf included.
+
 Every ``f_backward(d_out, <f's arguments>)`` recomputes the forward pass and
 walks it back one chain-rule step per line; it returns a dict keyed by
 argument name. For functions returning ``(out, weights)``, ``d_out`` is the
@@ -131,6 +138,8 @@ def scaled_dot_product_attention(
     """
     rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask)  # SPEC 3.6
     scale = _scale(q, scale)
+    read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
+    k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
     weights = _attention_probs(q, k, mask, bias, scale).astype(q.dtype, copy=False)  # (*batch, Lq, Lk)
     keep = _keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
     dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
@@ -147,7 +156,8 @@ def scaled_dot_product_attention_backward(
     ``d_dropped = d_out vᵀ``, ``dp = dropout(d_dropped) + d_weights`` (dropout
     is linear, ``keep / (1 - p_drop)``), ``ds = p * (dp - sum(dp * p))``,
     ``dq = ds k * scale``, ``dk = dsᵀ q * scale``, ``dbias = ds`` summed to
-    bias's shape.
+    bias's shape. ``k`` and ``v`` are the forward's, with the rows of unread
+    keys set to 0 (SPEC 3.4a), so ``dk`` and ``dv`` are 0 in those rows.
 
     Args:
       d_out: cotangent of ``out`` ``(*batch, Lq, Dv)``, or a tuple
@@ -168,10 +178,12 @@ def scaled_dot_product_attention_backward(
         ((*batch, "Lq", "Lk"), scores_shape),
     )
     scale = _scale(q, scale)
+    read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
+    k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
     p = _attention_probs(q, k, mask, bias, scale)  # (*batch, Lq, Lk), float32 for float16 inputs
     keep = _keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
     dropped = _dropout(p.astype(q.dtype, copy=False), keep, dropout_p)  # (*batch, Lq, Lk)
-    return _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped)
+    return _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read)
 
 
 def _attention_probs(q, k, mask, bias, scale):
@@ -183,9 +195,10 @@ def _attention_probs(q, k, mask, bias, scale):
     return _masked_softmax(scores, mask, -1)  # (*batch, Lq, Lk)
 
 
-def _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped):
+def _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read):
     """The chain rule of :func:`scaled_dot_product_attention_backward`, given the
-    forward's ``p`` (unrounded), keep-mask and ``dropped = dropout(p)``."""
+    forward's ``p`` (unrounded), keep-mask, ``dropped = dropout(p)``, and
+    ``k``, ``v`` with their unread rows (``read``, as :func:`_read_keys`) at 0."""
     dv = np.swapaxes(dropped, -1, -2) @ d_out  # (*batch, Lk, Dv)
     d_dropped = d_out @ np.swapaxes(v, -1, -2)  # (*batch, Lq, Lk)
     dp = _dropout(d_dropped, keep, dropout_p)  # (*batch, Lq, Lk)
@@ -194,7 +207,8 @@ def _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep,
     ds = _softmax_grad(p, _upcast(dp))  # (*batch, Lq, Lk)
     dq = ds @ _upcast(k) * scale  # (*batch, Lq, Dk)
     dk = np.swapaxes(ds, -1, -2) @ _upcast(q) * scale  # (*batch, Lk, Dk)
-    grads = {"q": dq, "k": dk, "v": dv}
+    # k = where(read, k_in, 0): an unread row passes gradient 0 back
+    grads = {"q": dq, "k": _unread_to_zero(dk, read), "v": _unread_to_zero(dv, read)}
     if bias is not None:
         grads["bias"] = _sum_to_shape(ds, bias.shape)  # bias.shape
     return {name: g.astype(q.dtype, copy=False) for name, g in grads.items()}
@@ -224,6 +238,7 @@ def additive_attention(query, keys, params, mask=None):
       ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
     """
     mask = rules.additive(query, keys, params, mask)  # SPEC 3.7; a (B, 1, 1, Lk) mask loses its head axis
+    keys = _unread_to_zero(keys, _read_keys(mask, None))  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
     e = t @ params["v"]  # (B, Lq, Lk)
     weights = _masked_softmax(_upcast(e), mask, -1).astype(e.dtype, copy=False)  # (B, Lq, Lk)
@@ -241,7 +256,8 @@ def additive_attention_backward(d_out, query, keys, params, mask=None):
     projections ``query w_2`` and ``keys w_1`` take ``sum_k dh`` and
     ``sum_q dh`` back through :func:`~numpy_ref.layers.linear_backward`
     (``dx = dy wᵀ``, ``dw = xᵀ dy``), and ``dkeys`` adds the value path
-    ``pᵀ d_ctx``.
+    ``pᵀ d_ctx``. ``keys`` is the forward's, with the rows of unread keys set
+    to 0 (SPEC 3.4a), so ``dkeys`` is 0 in those rows.
 
     Args:
       d_out: cotangent of ``context`` ``(B, Lq, Dk)``, or a tuple
@@ -256,6 +272,8 @@ def additive_attention_backward(d_out, query, keys, params, mask=None):
     d_ctx, d_weights = rules.cotangents(  # query's dtype, context's and weights' shapes
         d_out, query, "query", (("B", "Lq", "Dk"), (B, Lq, Dk)), (("B", "Lq", "Lk"), (B, Lq, Lk))
     )
+    read = _read_keys(mask, None)  # (B, Lk, 1) or None
+    keys = _unread_to_zero(keys, read)  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
     p32 = _masked_softmax(_upcast(t @ params["v"]), mask, -1)  # (B, Lq, Lk), float32 for float16
     p = p32.astype(query.dtype, copy=False)  # (B, Lq, Lk)
@@ -270,6 +288,7 @@ def additive_attention_backward(d_out, query, keys, params, mask=None):
     g_2 = linear_backward(dh.sum(axis=2), query, params["w_2"])  # x (B, Lq, Dq), w (Dq, A)
     g_1 = linear_backward(dh.sum(axis=1), keys, params["w_1"])  # x (B, Lk, Dk), w (Dk, A)
     d_keys = np.swapaxes(p, -1, -2) @ d_ctx + g_1["x"]  # (B, Lk, Dk)
+    d_keys = _unread_to_zero(d_keys, read)  # keys = where(read, keys_in, 0)
     return {"query": g_2["x"], "keys": d_keys, "params": {"w_1": g_1["w"], "w_2": g_2["w"], "v": dv}}
 
 
@@ -310,9 +329,12 @@ def multi_head_attention(
       ``out`` row is ``b_o``.
     """
     rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)  # SPEC 3.8
+    # SPEC 3.4a: a position no query of any head may attend is never read
+    read = _read_positions(_read_keys(mask, bias))  # (B|1, Lk, 1) or None
+    key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
     # 1) project, 2) split heads
     qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
-    # 3) attend
+    # 3) attend (which zeroes the keys a single head does not read)
     heads, weights = scaled_dot_product_attention(
         qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng
     )  # (B, H, Lq, Dh), (B, H, Lq, Lk)
@@ -333,7 +355,9 @@ def multi_head_attention_backward(
     merge the head gradients; for each projection ``y = x w + b``,
     :func:`~numpy_ref.layers.linear_backward`: ``dx = dy wᵀ``, ``dw = xᵀ dy``,
     ``db = sum dy``. The forward runs once; its softmax, keep-mask and
-    dropped weights feed the backward.
+    dropped weights feed the backward. ``key`` and ``value`` (and, per head,
+    the projected ``k`` and ``v``) are the forward's, with the rows of unread
+    positions set to 0 (SPEC 3.4a), so their gradients are 0 in those rows.
 
     Args:
       d_out: cotangent of ``out`` ``(B, Lq, D)``, or a tuple
@@ -356,7 +380,11 @@ def multi_head_attention_backward(
         (("B", "Lq", "D"), (B, Lq, D)), (("B", "H", "Lq", "Lk"), (B, num_heads, Lq, Lk)),
     )
     # the forward once, keeping what the backward reads
+    read_h = _read_keys(mask, bias)  # (B|1, H|1, Lk, 1) or None, per head
+    read = _read_positions(read_h)  # (B|1, Lk, 1) or None, any head
+    key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
     qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
+    kh, vh = _unread_to_zero(kh, read_h), _unread_to_zero(vh, read_h)  # (B, H, Lk, Dh)
     scale = _scale(qh, None)
     p = _attention_probs(qh, kh, mask, bias, scale)  # (B, H, Lq, Lk), float32 for float16
     keep = _keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
@@ -369,7 +397,7 @@ def multi_head_attention_backward(
     d_heads = _split_heads(g_o["x"], num_heads)  # (B, H, Lq, Dh)
     # 3) attend
     g = _attention_grads(
-        d_heads, d_weights, qh, kh, vh, bias, scale, dropout_p, p, keep, dropped
+        d_heads, d_weights, qh, kh, vh, bias, scale, dropout_p, p, keep, dropped, read_h
     )  # q: (B, H, Lq, Dh), k/v: (B, H, Lk, Dh)
     # 2) split heads
     dq, dk, dv = (_merge_heads(g[n]) for n in ("q", "k", "v"))  # (B, Lq, D), (B, Lk, D) x2
@@ -377,8 +405,10 @@ def multi_head_attention_backward(
     g_q = linear_backward(dq, query, params["w_q"], params["b_q"])  # x (B, Lq, D)
     g_k = linear_backward(dk, key, params["w_k"], params["b_k"])  # x (B, Lk, D)
     g_v = linear_backward(dv, value, params["w_v"], params["b_v"])  # x (B, Lk, D)
+    # key = where(read, key_in, 0): an unread position passes gradient 0 back
+    d_key, d_value = _unread_to_zero(g_k["x"], read), _unread_to_zero(g_v["x"], read)  # (B, Lk, D)
     grads = {
-        "query": g_q["x"], "key": g_k["x"], "value": g_v["x"],
+        "query": g_q["x"], "key": d_key, "value": d_value,
         "params": {
             "w_q": g_q["w"], "b_q": g_q["b"], "w_k": g_k["w"], "b_k": g_k["b"],
             "w_v": g_v["w"], "b_v": g_v["b"], "w_o": g_o["w"], "b_o": g_o["b"],
@@ -452,8 +482,40 @@ def _xavier_uniform(rng, fan_in, fan_out, dtype):
 
 
 # --------------------------------------------------------------------------
-# shared pieces: scale, bias reduction
+# shared pieces: unread keys, scale, bias reduction
 # --------------------------------------------------------------------------
+
+
+def _read_keys(mask, bias):
+    """Which keys some query may attend, as rows: ``read[..., j, 0] =
+    any_i(mask[..., i, j] & (bias[..., i, j] != -inf))``, shape ``(..., Lk, 1)``
+    (broadcastable to ``k``), or None when neither is given (every key is read).
+
+    Decided by ``mask`` and ``bias`` alone, never by the scores: whether a key
+    is read must not depend on the key (SPEC 3.4a).
+    """
+    if mask is None and bias is None:
+        return None
+    valid = mask
+    if bias is not None:
+        finite = bias != -np.inf  # a -inf score counts as masked (SPEC 3.3)
+        valid = finite if valid is None else valid & finite
+    return np.swapaxes(np.any(np.atleast_2d(valid), axis=-2, keepdims=True), -1, -2)  # (..., Lk, 1)
+
+
+def _read_positions(read):
+    """:func:`_read_keys` of a ``(B, H, Lq, Lk)`` mask reduced over the heads:
+    the key/value *input* positions some head reads, ``(B|1, Lk, 1)``, or None."""
+    if read is None:
+        return None
+    read = read.reshape((1,) * (4 - read.ndim) + read.shape)  # (B|1, H|1, Lk, 1)
+    return np.any(read, axis=1)  # (B|1, Lk, 1)
+
+
+def _unread_to_zero(x, read):
+    """``where(read, x, 0)``: the rows of unread keys set to 0 (by selection,
+    so a NaN or inf there is gone); ``x`` itself when ``read`` is None."""
+    return x if read is None else np.where(read, x, 0.0)
 
 
 def _scale(q, scale):

@@ -32,6 +32,14 @@ Two paths compute ``scaled_dot_product_attention`` / ``multi_head_attention``:
   reproduce the draw, so the call falls back to the math path (still
   returning ``(out, None)``); with ``dropout_p > 0`` and neither, the kernel's
   own dropout draws from torch's global RNG.
+
+A key that no query may attend (its mask column all False, or its bias
+column all ``-inf``) is never read (SPEC 3.4a): its rows of ``k`` and ``v``
+(of ``keys``; of ``key`` and ``value`` before the projections) are set to 0
+by ``torch.where`` before any product, on both paths, because a weight of
+exactly 0 still gives ``0 * NaN = NaN`` in ``p @ v`` and in autograd's
+``ds @ k`` and ``xᵀ dy``; the where passes them gradient 0. So padding may
+hold anything, NaN and inf included.
 """
 from __future__ import annotations
 
@@ -159,6 +167,8 @@ def _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weigh
     public function (rightly) refuses.
     """
     scale = _scale(q, scale)
+    read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
+    k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
     if not need_weights:
         return _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng), None
     # scores and softmax in float32 for half inputs, even under autocast
@@ -185,10 +195,10 @@ def _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng):
     attn_mask, any_valid = None, None
     if valid is not None:
         any_valid = valid.any(dim=-1, keepdim=True)  # (*batch, Lq, 1)
-        valid = valid | ~any_valid  # an empty row attends everywhere, zeroed below
-        attn_mask = valid
+        attn_mask = valid | ~any_valid  # an empty row attends everywhere, zeroed below
         if bias is not None:
-            attn_mask = torch.where(valid, torch.where(finite, bias, 0.0), -math.inf).to(q.dtype)
+            # the bias is read where valid only (SPEC 3.4a): an empty row attends to zeros
+            attn_mask = torch.where(attn_mask, torch.where(valid, bias, 0.0), -math.inf).to(q.dtype)
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=float(dropout_p), scale=scale
     )  # (*batch, Lq, Dv)
@@ -220,6 +230,7 @@ def additive_attention(query, keys, params, mask=None):
       ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
     """
     mask = rules.additive(query, keys, params, mask)  # SPEC 3.7; a (B, 1, 1, Lk) mask loses its head axis
+    keys = _unread_to_zero(keys, _read_keys(mask, None))  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
     e = t @ params["v"]  # (B, Lq, Lk)
     weights = _masked_softmax(_upcast(e), mask, -1).to(e.dtype)  # (B, Lq, Lk)
@@ -264,8 +275,11 @@ def multi_head_attention(
       ``out`` row is ``b_o``.
     """
     rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)  # SPEC 3.8
+    # SPEC 3.4a: a position no query of any head may attend is never read
+    read = _read_positions(_read_keys(mask, bias))  # (B|1, Lk, 1) or None
+    key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
     qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, L, Dh)
-    # 3) attend
+    # 3) attend (which zeroes the keys a single head does not read)
     heads, weights = _attend(
         qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng, need_weights
     )  # (B, H, Lq, Dh), (B, H, Lq, Lk) or None
@@ -340,8 +354,41 @@ def _xavier_uniform(rng, fan_in, fan_out):
 
 
 # --------------------------------------------------------------------------
-# shared pieces: scale
+# shared pieces: unread keys, scale
 # --------------------------------------------------------------------------
+
+
+def _read_keys(mask, bias):
+    """Which keys some query may attend, as rows: ``read[..., j, 0] =
+    any_i(mask[..., i, j] & (bias[..., i, j] != -inf))``, shape ``(..., Lk, 1)``
+    (broadcastable to ``k``), or None when neither is given (every key is read).
+
+    Decided by ``mask`` and ``bias`` alone, never by the scores: whether a key
+    is read must not depend on the key (SPEC 3.4a).
+    """
+    if mask is None and bias is None:
+        return None
+    valid = mask
+    if bias is not None:
+        finite = bias != -math.inf  # a -inf score counts as masked (SPEC 3.3)
+        valid = finite if valid is None else valid & finite
+    return torch.atleast_2d(valid).any(dim=-2, keepdim=True).transpose(-1, -2)  # (..., Lk, 1)
+
+
+def _read_positions(read):
+    """:func:`_read_keys` of a ``(B, H, Lq, Lk)`` mask reduced over the heads:
+    the key/value *input* positions some head reads, ``(B|1, Lk, 1)``, or None."""
+    if read is None:
+        return None
+    read = read.reshape((1,) * (4 - read.ndim) + tuple(read.shape))  # (B|1, H|1, Lk, 1)
+    return read.any(dim=1)  # (B|1, Lk, 1)
+
+
+def _unread_to_zero(x, read):
+    """``where(read, x, 0)``: the rows of unread keys set to 0 by selection, so
+    a NaN or inf there reaches neither a product nor a gradient (the where's
+    own gradient is 0 in those rows); ``x`` itself when ``read`` is None."""
+    return x if read is None else torch.where(read, x, 0.0)
 
 
 def _scale(q, scale):

@@ -28,12 +28,21 @@ def my_attention(q, k, v, mask=None, bias=None, scale=None, keep=None, p=0.0):
     """``out = dropout(softmax(q kᵀ · scale + bias, where mask)) v``.
 
     Masked entries and ``-inf`` scores are *selected* away; a row with nothing
-    left gets weights 0 (not NaN).
+    left gets weights 0 (not NaN). A key that no query may attend is never
+    read: its rows of ``k`` and ``v`` are set to 0 first (a weight of 0 would
+    still give ``0 * NaN = NaN``), so padding may hold NaN or inf.
 
     Returns:
       ``out (..., Lq, Dv)``, ``weights (..., Lq, Lk)`` and a cache for the backward.
     """
     scale = 1.0 / float(np.sqrt(q.shape[-1])) if scale is None else scale  # a Python float keeps float32
+    valid = np.ones((*q.shape[:-1], k.shape[-2]), dtype=bool)  # (..., Lq, Lk)
+    if mask is not None:
+        valid = valid & mask
+    if bias is not None:
+        valid = valid & (bias != -np.inf)
+    read = valid.any(axis=-2)[..., None]  # (..., Lk, 1): keys some query may attend
+    k, v = np.where(read, k, 0.0), np.where(read, v, 0.0)
     s = np.einsum("...qd,...kd->...qk", q, k) * scale  # (..., Lq, Lk)
     if bias is not None:
         s = s + bias
@@ -47,12 +56,13 @@ def my_attention(q, k, v, mask=None, bias=None, scale=None, keep=None, p=0.0):
     w = e / np.where(total > 0, total, 1.0)  # (..., Lq, Lk); empty rows stay 0
     factor = 1.0 if p == 0 else keep * w.dtype.type(1.0 / (1.0 - p))  # inverted dropout
     out = np.einsum("...qk,...kv->...qv", w * factor, v)  # (..., Lq, Dv)
-    return out, w, (scale, factor)
+    return out, w, (scale, factor, read)
 
 
 def my_attention_vjp(d_out, d_w, q, k, v, w, cache, bias_shape=None):
     """Gradients of ``sum(out * d_out) + sum(w * d_w)`` by the chain rule."""
-    scale, factor = cache
+    scale, factor, read = cache
+    k, v = np.where(read, k, 0.0), np.where(read, v, 0.0)  # as the forward read them
     dv = np.einsum("...qk,...qv->...kv", w * factor, d_out)  # (..., Lk, Dv)
     dw = np.einsum("...qv,...kv->...qk", d_out, v) * factor  # (..., Lq, Lk)
     if d_w is not None:
@@ -60,8 +70,8 @@ def my_attention_vjp(d_out, d_w, q, k, v, w, cache, bias_shape=None):
     ds = w * (dw - np.sum(dw * w, axis=-1, keepdims=True))  # softmax backward
     grads = {
         "q": np.einsum("...qk,...kd->...qd", ds, k) * scale,
-        "k": np.einsum("...qk,...qd->...kd", ds, q) * scale,
-        "v": dv,
+        "k": np.where(read, np.einsum("...qk,...qd->...kd", ds, q) * scale, 0.0),
+        "v": np.where(read, dv, 0.0),
     }
     if bias_shape is not None:  # sum over the axes the bias was broadcast along
         db = ds.sum(axis=tuple(range(ds.ndim - len(bias_shape))))
