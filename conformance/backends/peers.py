@@ -128,7 +128,14 @@ class TorchSdpaPeer(_TorchPeer):
     function = "scaled_dot_product_attention"
     conventions = ("mask: `True` = attend, as here; a bias is a float `attn_mask`",
                    "no weights returned: judged on the gradients of `sum(out * cot)`")
-    differences = ()
+    differences = (
+        Difference(
+            "reads-unread-keys",
+            "NaN or inf in a key/value row (or bias entry) that no query may attend reaches the "
+            "output and the gradients (0 * NaN in the weights-times-values product and its "
+            "transpose); the spec never reads such positions (SPEC 3.4a)",
+            cases="sdpa/poison"),
+    )
 
     def forward(self, kw: dict) -> dict:
         import torch
@@ -150,6 +157,12 @@ class TorchMhaPeer(_TorchPeer):
                    "weights averaged over heads by default; the adapter asks `average_attn_weights=False`",
                    "packed `in_proj_weight (3D, D)`, weights `(out, in)`: `interop.mha_params_to_torch`")
     differences = (
+        Difference(
+            "reads-unread-keys",
+            "NaN or inf in a key/value row (or bias entry) that no query may attend reaches the "
+            "output and the gradients (0 * NaN in the weights-times-values product and its "
+            "transpose); the spec never reads such positions (SPEC 3.4a)",
+            cases="mha/poison"),
         Difference(
             "fully-masked-row-nan",
             "a query row with no key to attend (every key masked, or a `-inf` bias on every key) "
@@ -225,6 +238,12 @@ class JaxDpaPeer(JaxBackend):
                    "passes the scale `1/sqrt(Dk)` explicitly",
                    "mask: `True` = attend, as here; no weights returned")
     differences = (
+        Difference(
+            "reads-unread-keys",
+            "NaN or inf in a key/value row (or bias entry) that no query may attend reaches the "
+            "output and the gradients (0 * NaN in the weights-times-values product and its "
+            "transpose); the spec never reads such positions (SPEC 3.4a)",
+            cases="sdpa/poison"),
         Difference(
             "fully-masked-row-mean-of-v",
             "a fully masked query row gets uniform weights over all keys (masked logits are a finite "
