@@ -23,7 +23,7 @@ import numpy_ref
 from conformance import fixtures as fixtures_module
 from conformance.cases import CASES_BY_NAME
 from conformance.fixtures import (
-    DEFAULT_DIR, REFERENCE_DTYPES, FixtureError, case_file, load_fixture, load_manifest,
+    DEFAULT_DIR, REFERENCE_DTYPES, FixtureError, load_fixture, load_manifest,
 )
 from conformance.generate import REFERENCE_NOISE, _round_up, generate, reference_errors
 from conformance.protocol import Call
