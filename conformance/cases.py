@@ -24,9 +24,11 @@ Lq=3, Lk=7, Dq=5, Dk=6, A=4.
 Error cases carry ``error = (exception type name, argument name)``: the call
 must raise that type with a message starting with that argument name.
 
-Every case uses the one tolerance class, ``"default"`` (the table as it
-stands): measured, the encoder stack needs no looser class (see
-``conformance.tolerances``).
+Every case uses the one tolerance class, ``"default"``: in float64 a fixed
+table, in float32/bfloat16/float16 a multiple of numpy_ref's own error in
+that dtype, stored per case and array in the manifest (see
+``conformance.tolerances``); so the inputs below must be exact, and in range,
+in every one of those dtypes.
 """
 from __future__ import annotations
 
@@ -170,8 +172,10 @@ def _bf16(a):
     casting it to float32, bfloat16 or float16 is exact: each backend, in
     each dtype, receives exactly the numbers the float64 reference used, and
     the comparison measures the computation, not the rounding of the inputs
-    (which, through layer norms and relu kinks, alone moves the gradients of
-    the encoder stack by 10x the bfloat16 tolerance). Magnitudes below 2^-17
+    (which, through layer norms and relu kinks, alone moved the gradients of
+    the encoder stack by 10x the former absolute bfloat16 tolerance, and
+    would make numpy_ref's reference error in a low dtype measure the
+    inputs' rounding rather than the computation). Magnitudes below 2^-17
     (not exact in float16) are flushed to 0.
     """
     bits = np.asarray(a, dtype=np.float64).astype(np.float32).view(np.uint32)

@@ -6,8 +6,17 @@ Layout of ``conformance/fixtures/``:
   has its name, function, module, tolerance class, note, seed, the
   ``kwargs`` skeleton (config values inline, each array replaced by
   ``{"$array": "<flat name>", "shape": [...], "dtype": "..."}``), ``wrt``,
-  ``outputs``, ``error`` (``{"type", "arg", "message"}`` or null), and the
-  ``file`` with its ``sha256``.
+  ``outputs``, ``error`` (``{"type", "arg", "message"}`` or null),
+  ``reference_error`` (null for an error case) and the ``file`` with its
+  ``sha256``.
+- ``reference_error`` (format 2): per dtype of :data:`REFERENCE_DTYPES`,
+  ``{"out": {output: e}, "grad": {wrt name: e}}`` (and ``"grad_out_only"``
+  when the ``.npz`` has that section), where ``e = max |ref - fixture|`` over
+  the finite fixture elements, ``ref`` being numpy_ref run on the inputs
+  and cotangents cast to that dtype (exact by construction of the catalog),
+  rounded *up* to two significant digits. The tolerance of a low-precision
+  run is a multiple of it (``conformance.tolerances.bounds``); storing it
+  here means a checker needs neither a framework nor ml_dtypes.
 - one ``.npz`` per case (``/`` in the name becomes ``__``), keys
   ``in/<flat name>`` (inputs and params), ``cot/<output>``,
   ``out/<output>``, ``grad/<wrt name>`` and, for functions returning
@@ -49,12 +58,14 @@ import numpy as np
 from .protocol import Call
 
 __all__ = [
-    "FORMAT", "DEFAULT_DIR", "MAX_FILE_BYTES", "MAX_ARRAY_BYTES",
+    "FORMAT", "REFERENCE_DTYPES", "DEFAULT_DIR", "MAX_FILE_BYTES", "MAX_ARRAY_BYTES",
     "ManifestError", "FixtureError", "Fixture",
     "spec_version", "load_manifest", "load_fixture", "fixture_from_arrays", "save_npz", "skeleton", "case_file",
 ]
 
-FORMAT = 1
+FORMAT = 2
+#: the dtypes whose reference error each value case stores (format 2)
+REFERENCE_DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_DIR = Path(__file__).parent / "fixtures"
 
 #: Largest fixture or manifest file read, in bytes. The committed files are
@@ -353,9 +364,50 @@ def _validate(entry) -> tuple[dict, list]:
             raise _Bad("error", f"type must be an exception name, got {error['type'][:80]!r}")
         if wrt:
             raise _Bad("wrt", "must be empty for an error case")
+    _check_reference_error(entry, outputs, wrt)
     _check_file_name(entry)
     _string(entry, "sha256", _SHA256, "64 lower-case hex digits")
     return refs, wrt
+
+
+def _sections(outputs: list, wrt: list) -> dict:
+    """``{section: names}`` of a value case's reference errors (and ``.npz`` sections)."""
+    sections = {"out": list(outputs), "grad": list(wrt)}
+    if wrt and len(outputs) > 1:
+        sections["grad_out_only"] = list(wrt)
+    return sections
+
+
+def _check_reference_error(entry: dict, outputs: list, wrt: list) -> None:
+    """``reference_error``: null for an error case; else per dtype of
+    :data:`REFERENCE_DTYPES` one finite number >= 0 per output and gradient."""
+    field = "reference_error"
+    if field not in entry:
+        raise _Bad(field, "is missing")
+    value = entry[field]
+    if entry["error"] is not None:
+        if value is not None:
+            raise _Bad(field, f"must be null for an error case, got {_kind(value)}")
+        return
+    if not isinstance(value, dict):
+        raise _Bad(field, f"must be an object, got {_kind(value)}")
+    if sorted(value) != sorted(REFERENCE_DTYPES):
+        raise _Bad(field, f"must have exactly the dtypes {', '.join(REFERENCE_DTYPES)}, "
+                          f"got {', '.join(map(str, value))[:80] or 'none'}")
+    sections = _sections(outputs, wrt)
+    for dtype in REFERENCE_DTYPES:
+        per = value[dtype]
+        if not isinstance(per, dict) or sorted(per) != sorted(sections):
+            got = _kind(per) if not isinstance(per, dict) else ", ".join(map(str, per))[:80]
+            raise _Bad(field, f"{dtype} must have exactly {', '.join(sections)}, got {got}")
+        for section, names in sections.items():
+            errors = per[section]
+            if not isinstance(errors, dict) or sorted(errors) != sorted(names):
+                got = _kind(errors) if not isinstance(errors, dict) else ", ".join(map(str, errors))[:80]
+                raise _Bad(field, f"{dtype}.{section} must name exactly {', '.join(names) or 'nothing'}, got {got}")
+            for name, e in errors.items():
+                if type(e) not in (int, float) or not math.isfinite(e) or e < 0:
+                    raise _Bad(field, f"{dtype}.{section}.{name} must be a finite number >= 0, got {str(e)[:40]}")
 
 
 def _members(entry: dict, refs: dict, wrt: list) -> dict:
@@ -529,6 +581,8 @@ class Fixture:
     outputs: dict = dataclasses.field(default_factory=dict)
     grads: dict = dataclasses.field(default_factory=dict)
     grads_out_only: dict = dataclasses.field(default_factory=dict)
+    #: ``{dtype: {"out"|"grad"|"grad_out_only": {name: e}}}`` (see ``reference_error``)
+    reference_error: dict = dataclasses.field(default_factory=dict)
 
 
 def load_fixture(entry: dict, directory: Path | str = DEFAULT_DIR) -> Fixture:
@@ -596,4 +650,5 @@ def fixture_from_arrays(entry: dict, arrays: dict) -> Fixture:
         outputs=section("out", outs),
         grads=section("grad", wrt),
         grads_out_only=section("grad_out_only", wrt) if wrt and len(outs) > 1 else {},
+        reference_error=entry["reference_error"],
     )

@@ -19,14 +19,15 @@ from pathlib import Path
 import numpy as np
 
 from .fixtures import (  # the format, and the readers' own checks, shared with the writer
-    _MAX_NAME, _NAME, DEFAULT_DIR, FORMAT, FixtureError, _Bad, _check_file_name, _npz_bytes,
-    _read_capped, _read_npz, _Refused, _write_atomic, case_file, save_npz, skeleton, spec_version,
+    _MAX_NAME, _NAME, DEFAULT_DIR, FORMAT, REFERENCE_DTYPES, FixtureError, _Bad, _check_file_name,
+    _npz_bytes, _read_capped, _read_npz, _Refused, _sections, _write_atomic, case_file, save_npz,
+    skeleton, spec_version,
 )
 from .protocol import flatten, output_names
 
 __all__ = [
-    "NOISE_RTOL", "FolderError", "GenerateReport",
-    "build_fixture", "write_fixture", "within_noise_floor", "generate",
+    "NOISE_RTOL", "REFERENCE_NOISE", "FolderError", "GenerateReport",
+    "build_fixture", "write_fixture", "within_noise_floor", "reference_errors", "generate",
 ]
 
 #: Noise floor of :func:`generate`: an existing output or gradient array is
@@ -42,6 +43,22 @@ __all__ = [
 #: terms; the catalog's inputs are O(1). 1e-12 leaves a 340x margin and is
 #: 10^4 below any change of semantics, which moves results by >= 1e-8.
 NOISE_RTOL = 1e-12
+
+#: Noise rule of the stored reference errors, per dtype: a regenerated value
+#: ``new`` keeps the committed ``old`` when ``old / f <= new <= old * f`` (both
+#: 0 counts as equal), and only when the case's ``.npz`` is kept too (a case
+#: whose float64 arrays changed gets fresh values). Measured on the catalog,
+#: the committed values (OpenBLAS SkylakeX kernels, numpy's AVX-512 loops)
+#: against a regeneration with ``OPENBLAS_CORETYPE`` = Haswell / Sandybridge
+#: and ``NPY_DISABLE_CPU_FEATURES`` down to X86_V3 / X86_V2: float32 moves by
+#: up to 4.1x (BLAS kernels) and 8.8x (BLAS and SSE-only numpy; 3% of the
+#: arrays move by more than 2x, all of them sums that cancel: bias gradients,
+#: fully masked rows); bfloat16 and float16 (numpy's and ml_dtypes' own loops,
+#: softmax in float32) by 1.37x, on one gradient whose true value is 0
+#: (``sdpa/cross/bias-broadcast`` bias, 2e-7). Factors: 16 for float32, 1.5
+#: for the halves (a real change of the half-precision recipe moves them by
+#: more).
+REFERENCE_NOISE = {"float32": 16.0, "bfloat16": 1.5, "float16": 1.5}
 
 
 class FolderError(RuntimeError):
@@ -103,8 +120,113 @@ def build_fixture(case) -> tuple[dict, dict]:
                 if missing:
                     raise RuntimeError(f"{case.name}: numpy_ref backward gave no gradient for {missing}")
                 arrays.update({f"{prefix}/{n}": np.asarray(grads[n]) for n in call.wrt})
+    entry["reference_error"] = None if case.error is not None else reference_errors(case.name, call, arrays)
     entry["file"] = case_file(case.name)
     return entry, arrays
+
+
+def _round_up(x: float) -> float:
+    """``x`` rounded *up* to two significant digits (0 stays 0): 3.01e-4 -> 3.1e-4."""
+    if x == 0.0:
+        return 0.0
+    exponent = math.floor(math.log10(x)) - 1
+    mantissa = math.ceil(x / 10.0 ** exponent)
+    value = float(f"{mantissa}e{exponent}")
+    while value < x:  # log10 and the division may round down
+        mantissa += 1
+        value = float(f"{mantissa}e{exponent}")
+    return value
+
+
+def _low_dtype(name: str):
+    if name != "bfloat16":
+        return np.dtype(name)
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise RuntimeError("generating fixtures needs ml_dtypes (numpy_ref's bfloat16, for the stored "
+                           "bfloat16 reference errors); pip install ml_dtypes") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def reference_errors(name: str, call, arrays: dict) -> dict:
+    """The ``reference_error`` field of a value case (see ``conformance.fixtures``).
+
+    numpy_ref runs on the inputs and cotangents cast to each dtype of
+    :data:`~conformance.fixtures.REFERENCE_DTYPES` (exact: the catalog's
+    inputs are bfloat16 and float16 numbers); per output and gradient,
+    ``max |ref - fixture|`` over the fixture's finite elements, rounded up to
+    two significant digits.
+
+    Raises:
+      RuntimeError: naming the case, dtype and array, when numpy_ref in that
+        dtype gives a non-finite value where the fixture is finite (or a
+        finite one where it is not), or an array of another dtype. Such a
+        case cannot be judged by a multiple of the reference's error; the
+        catalog must scale its inputs into the dtype's range.
+    """
+    from .invoke import cast_floats, numpy_backward, numpy_forward, with_dtype
+
+    outputs = output_names(call.function)
+    result = {}
+    for dtype_name in REFERENCE_DTYPES:
+        dtype = _low_dtype(dtype_name)
+        kwargs = with_dtype(cast_floats(call.kwargs, dtype), dtype)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, by name
+            got = {"out": numpy_forward(call.function, kwargs)}
+            if call.wrt:
+                cotangents = cast_floats(call.cotangents, dtype)
+                got["grad"] = numpy_backward(call, kwargs, cotangents)
+                if len(outputs) > 1:
+                    got["grad_out_only"] = numpy_backward(call, kwargs, {"out": cotangents["out"]})
+        per = {}
+        for section, names in _sections(outputs, call.wrt).items():
+            per[section] = {}
+            for n in names:
+                value, want = np.asarray(got[section][n]), arrays[f"{section}/{n}"]
+                where = f"{name}: numpy_ref in {dtype_name}, {section} {n}"
+                if value.dtype != (bool if want.dtype == bool else dtype):
+                    raise RuntimeError(f"{where}: dtype {value.dtype}, expected {dtype_name}")
+                if want.dtype == bool:
+                    if not np.array_equal(value, want):
+                        raise RuntimeError(f"{where}: differs from the float64 fixture")
+                    per[section][n] = 0.0
+                    continue
+                value = value.astype(np.float64)
+                finite = np.isfinite(want)
+                if not np.array_equal(np.isfinite(value), finite) or not np.array_equal(
+                        value[~finite], want[~finite], equal_nan=True):
+                    raise RuntimeError(
+                        f"{where}: non-finite where the fixture is finite, or not matching its "
+                        f"infinities ({int((np.isfinite(value) != finite).sum())} elements); the case "
+                        f"cannot be judged by a multiple of the reference error, scale its inputs")
+                error = float(np.max(np.abs(value[finite] - want[finite]), initial=0.0))
+                per[section][n] = _round_up(error)
+        result[dtype_name] = per
+    return result
+
+
+def _same_reference_errors(old, new) -> bool:
+    """Whether two ``reference_error`` fields agree within :data:`REFERENCE_NOISE`."""
+    if not isinstance(old, dict) or not isinstance(new, dict) or old.keys() != new.keys():
+        return False
+    if not all(d in REFERENCE_NOISE for d in new):
+        return False
+    for dtype, sections in new.items():
+        if not isinstance(old[dtype], dict) or old[dtype].keys() != sections.keys():
+            return False
+        for section, errors in sections.items():
+            before = old[dtype][section]
+            if not isinstance(before, dict) or before.keys() != errors.keys():
+                return False
+            for n, e in errors.items():
+                o = before[n]
+                if type(o) not in (int, float) or isinstance(o, bool):
+                    return False
+                f = REFERENCE_NOISE[dtype]
+                if not (o == e or (o > 0 and e > 0 and o / f <= e <= o * f)):
+                    return False
+    return True
 
 
 def write_fixture(case, directory: Path) -> dict:
@@ -343,10 +465,13 @@ def generate(directory: Path | str = DEFAULT_DIR, cases=None, check: bool = Fals
             report.changes.append(why)
             to_write[path] = data
         entry = {**entry, "sha256": sha}
+        if (why is None and previous is not None and entry["reference_error"] is not None
+                and _same_reference_errors(previous.get("reference_error"), entry["reference_error"])):
+            entry["reference_error"] = previous["reference_error"]  # machine noise: keep the committed values
         entries.append(entry)
         if why is None and previous is not None and _json(previous) != _json(entry):
             fields = sorted(k for k in entry.keys() | previous.keys()
-                            if _json(entry.get(k)) != _json(previous.get(k)))
+                            if (k in entry) != (k in previous) or _json(entry.get(k)) != _json(previous.get(k)))
             report.changes.append(f"manifest {name}: entry differs in {', '.join(fields)}")
         elif why is None and previous is None:
             report.changes.append(f"manifest {name}: not listed in manifest.json")

@@ -27,7 +27,7 @@ from collections import defaultdict
 
 from .cases import COMPONENTS
 from .runner import difference_status, verdict
-from .tolerances import CLASSES, TOLERANCES
+from .tolerances import ATOL_FLOOR, CLASSES, K, LOW_DTYPES, RTOL_FLOOR, TOLERANCES
 
 __all__ = ["Progress", "format_table", "failures", "coverage_lines", "verdict_lines", "difference_lines",
            "peer_markdown", "write_json", "write_junit"]
@@ -210,10 +210,18 @@ def format_table(outcomes, gradients=None) -> str:
 
 
 def _dtype_header(dtype):
-    out, grad = TOLERANCES[dtype]["out"], TOLERANCES[dtype]["grad"]
+    if dtype in TOLERANCES:
+        out, grad = TOLERANCES[dtype]["out"], TOLERANCES[dtype]["grad"]
+        return (
+            f"{dtype}: worst error ratio |got-want| / (atol + rtol*|want|), pass iff <= 1 "
+            f"(outputs rtol={out[0]:g} atol={out[1]:g}; gradients rtol={grad[0]:g} atol={grad[1]:g})"
+        )
+    k = K[dtype]
     return (
-        f"{dtype}: worst error ratio |got-want| / (atol + rtol*|want|), pass iff <= 1 "
-        f"(outputs rtol={out[0]:g} atol={out[1]:g}; gradients rtol={grad[0]:g} atol={grad[1]:g})"
+        f"{dtype}: worst error ratio |got-want| / allowed, pass iff <= 1; allowed = "
+        f"max({ATOL_FLOOR[dtype]:.2g}, k x reference error) + {RTOL_FLOOR[dtype]:.2g} x |want| "
+        f"(k = {k['out']:g} for outputs, {k['grad']:g} for gradients; reference error: numpy_ref in {dtype} "
+        f"vs the float64 fixture, stored per array)"
     )
 
 
@@ -296,6 +304,13 @@ def _finite(x):
     return None if x is None else (x if x != float("inf") else "inf")
 
 
+def _worst(detail):
+    """The worst array of one kind: its name, its error and the reference's, the bound."""
+    if detail is None:
+        return None
+    return {k: (_finite(v) if isinstance(v, float) else v) for k, v in detail.items()}
+
+
 def write_json(path, outcomes, broken, backends_info, seconds, problems=(), backends=()) -> None:
     """The machine-readable report."""
     from .fixtures import spec_version
@@ -305,6 +320,12 @@ def write_json(path, outcomes, broken, backends_info, seconds, problems=(), back
         "passed": not problems and not broken and all(o.status != "fail" for o in outcomes),
         "seconds": round(seconds, 3),
         "tolerances": TOLERANCES,
+        "reference_relative": {
+            "formula": "|got - want| <= max(atol_floor, k * reference_error) + rtol_floor * |want|",
+            "k": {d: K[d] for d in LOW_DTYPES},
+            "atol_floor": {d: ATOL_FLOOR[d] for d in LOW_DTYPES},
+            "rtol_floor": {d: RTOL_FLOOR[d] for d in LOW_DTYPES},
+        },
         "tolerance_classes": CLASSES,
         "backends": backends_info,
         "coverage": {b.name: coverage(outcomes, b) for b in backends},
@@ -317,6 +338,7 @@ def write_json(path, outcomes, broken, backends_info, seconds, problems=(), back
             {
                 "backend": o.backend, "dtype": o.dtype, "case": o.case, "component": o.component,
                 "status": o.status, "out_ratio": _finite(o.out_ratio), "grad_ratio": _finite(o.grad_ratio),
+                "out_worst": _worst(o.out_worst), "grad_worst": _worst(o.grad_worst),
                 "outputs_checked": o.outputs_checked, "gradients_checked": o.grads_checked,
                 "problems": o.problems, "seconds": round(o.seconds, 6),
                 "differences": o.differences, "excused": o.excused,

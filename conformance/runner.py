@@ -31,7 +31,7 @@ import numpy as np
 
 from .fixtures import DEFAULT_DIR, Fixture, FixtureError, load_fixture, load_manifest
 from .protocol import Backend
-from .tolerances import error_ratio, tolerance
+from .tolerances import bounds, describe, error_ratio, max_error
 
 __all__ = [
     "Outcome", "Broken", "Session", "load_all", "check_case", "check_error", "run",
@@ -55,7 +55,10 @@ class Outcome:
     contract). ``out_ratio``/``grad_ratio`` are the worst error ratios (None
     when nothing of that kind was compared); ``outputs_checked``/
     ``grads_checked`` count the arrays compared; ``problems`` are one-line
-    messages, empty iff the case did not fail. ``failed_checks`` pairs each
+    messages, empty iff the case did not fail. ``out_worst``/``grad_worst``
+    describe the array of the worst ratio: ``{"array", "error",
+    "reference_error", "atol", "rtol"}`` (the error ``max |got - want|``;
+    ``reference_error`` None in float64). ``failed_checks`` pairs each
     compared check that failed (``"output:out"``, ``"grad:params.w_q"``)
     with its problem line; ``excused_checks``/``excused`` are those a
     declaration covers (their lines leave ``problems``) and ``differences``
@@ -77,6 +80,8 @@ class Outcome:
     excused_checks: list = dataclasses.field(default_factory=list)
     excused: list = dataclasses.field(default_factory=list)
     differences: list = dataclasses.field(default_factory=list)
+    out_worst: dict | None = None
+    grad_worst: dict | None = None
 
     @property
     def ran(self) -> bool:
@@ -86,9 +91,11 @@ class Outcome:
         self.status = "fail"
         self.problems.append(message)
 
-    def worse(self, kind: str, ratio: float) -> None:
+    def worse(self, kind: str, ratio: float, detail: dict | None = None) -> None:
         attr = f"{kind}_ratio"
         old = getattr(self, attr)
+        if old is None or ratio > old:
+            setattr(self, f"{kind}_worst", detail)
         setattr(self, attr, ratio if old is None else max(old, ratio))
 
 
@@ -151,8 +158,16 @@ def _dtype_problem(got: np.ndarray, want: np.ndarray) -> str | None:
     return f"dtype {got.dtype}, expected a floating dtype"
 
 
-def _compare(kind, name, value, want, dtype, cls, outcome) -> np.ndarray | None:
-    """Compare one output or gradient; record the ratio or a problem. The array, if usable."""
+def _reference_error(fixture: Fixture, dtype: str, section: str, name: str) -> float | None:
+    """The stored reference error of one array in ``dtype`` (None in float64)."""
+    return fixture.reference_error.get(dtype, {}).get(section, {}).get(name)
+
+
+def _compare(kind, name, value, want, dtype, reference_error, outcome) -> np.ndarray | None:
+    """Compare one output or gradient; record the ratio or a problem. The array, if usable.
+
+    The bound is :func:`conformance.tolerances.bounds` of ``dtype``, ``kind``
+    and the array's ``reference_error`` (ignored in float64)."""
     label = f"{'output' if kind == 'out' else 'grad'} {name}"
     got = _as_array(value, label, outcome)
     if got is None:
@@ -164,16 +179,20 @@ def _compare(kind, name, value, want, dtype, cls, outcome) -> np.ndarray | None:
     if problem:
         outcome.fail(f"{label}: {problem}")
         return None
-    rtol, atol = tolerance(dtype, kind, cls)
+    rtol, atol = bounds(dtype, kind, reference_error)
     got = got.astype(np.float64) if got.dtype != bool else got
     ratio, where = error_ratio(got, want, rtol, atol)
-    outcome.worse(kind, ratio)
+    error = max_error(got, want)
+    outcome.worse(kind, ratio, {"array": name, "error": error, "reference_error": reference_error,
+                                "atol": atol, "rtol": rtol})
     if kind == "out":
         outcome.outputs_checked += 1
     else:
         outcome.grads_checked += 1
     if not ratio <= 1.0:
-        outcome.fail(f"{label}: error ratio {ratio:.3g} > 1 (rtol={rtol:g}, atol={atol:g}) {where}")
+        ref = "" if reference_error is None else f" vs reference err {reference_error:.2g}"
+        outcome.fail(f"{label}: max err {error:.2g}{ref} ({describe(dtype, kind, reference_error)}), "
+                     f"error ratio {ratio:.3g} > 1 {where}")
     return got
 
 
@@ -183,7 +202,7 @@ def _ignored_weights_hint(fixture: Fixture, got: dict, dtype: str) -> str | None
     if not fixture.grads_out_only or not got:
         return None
     for name, value in got.items():
-        rtol, atol = tolerance(dtype, "grad", fixture.tolerance)
+        rtol, atol = bounds(dtype, "grad", _reference_error(fixture, dtype, "grad_out_only", name))
         if error_ratio(value, fixture.grads_out_only[name], rtol, atol)[0] > 1.0:
             return None
     return ("hint: these gradients match those of sum(out * cotangents['out']) alone: "
@@ -222,10 +241,11 @@ def check_case(backend: Backend, fixture: Fixture, dtype: str) -> Outcome:
             outcome.fail(f"output {name}: missing (got {sorted(outputs)})")
             continue
         before = len(outcome.problems)
-        _compare("out", name, outputs[name], want, dtype, fixture.tolerance, outcome)
+        _compare("out", name, outputs[name], want, dtype, _reference_error(fixture, dtype, "out", name), outcome)
         _record_check(outcome, f"output:{name}", before)
     if not want_grads:
         return outcome
+    section = "grad_out_only" if out_only else "grad"
     expected = fixture.grads_out_only if out_only else fixture.grads
     compared, failed_before = {}, len(outcome.problems)
     for name in call.wrt:
@@ -233,7 +253,8 @@ def check_case(backend: Backend, fixture: Fixture, dtype: str) -> Outcome:
             outcome.fail(f"grad {name}: missing (got {sorted(grads)})")
             continue
         before = len(outcome.problems)
-        got = _compare("grad", name, grads[name], expected[name], dtype, fixture.tolerance, outcome)
+        got = _compare("grad", name, grads[name], expected[name], dtype,
+                       _reference_error(fixture, dtype, section, name), outcome)
         _record_check(outcome, f"grad:{name}", before)
         if got is not None:
             compared[name] = got

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import _key, float_dtype, rules
-from .layers import _dropout, _keep_mask, _upcast
+from .layers import _add_broadcast, _dropout, _keep_mask, _upcast
 
 __all__ = [
     "softmax",
@@ -239,14 +239,14 @@ def multi_head_attention(
     # 4) concat
     concat = _merge_heads(heads)  # (B, Lq, D)
     # 5) output projection
-    return concat @ params["w_o"] + params["b_o"], weights  # (B, Lq, D), (B, H, Lq, Lk)
+    return _add_broadcast(concat @ params["w_o"], params["b_o"]), weights  # (B, Lq, D), (B, H, Lq, Lk)
 
 
 def _project_heads(query, key, value, params, num_heads):
     # 1) project
-    q = query @ params["w_q"] + params["b_q"]  # (B, Lq, D)
-    k = key @ params["w_k"] + params["b_k"]  # (B, Lk, D)
-    v = value @ params["w_v"] + params["b_v"]  # (B, Lk, D)
+    q = _add_broadcast(query @ params["w_q"], params["b_q"])  # (B, Lq, D)
+    k = _add_broadcast(key @ params["w_k"], params["b_k"])  # (B, Lk, D)
+    v = _add_broadcast(value @ params["w_v"], params["b_v"])  # (B, Lk, D)
     # 2) split heads
     return tuple(_split_heads(x, num_heads) for x in (q, k, v))  # (B, H, L, Dh)
 

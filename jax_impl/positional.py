@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import _key, float_dtype, rules
+from .layers import _add_broadcast
 
 __all__ = [
     "sinusoidal_encoding",
@@ -62,7 +63,7 @@ def add_positional_encoding(x, table):
       ``(B, L, D)``.
     """
     rules.add_positional(x, table)  # SPEC 3.9: x (B, L, D), table (max_len, D), L <= max_len
-    return x + table[: x.shape[1]]  # (B, L, D)
+    return _add_broadcast(x, table[: x.shape[1]])  # (B, L, D)
 
 
 def init_learned_positional_embedding(rng, max_len, d_model, dtype=jnp.float32):

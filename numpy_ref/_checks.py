@@ -13,13 +13,29 @@ import numpy as np
 
 from ._contract.checks import Rules, rng_error
 
-__all__ = ["kind", "rules", "float_dtype"]
+__all__ = ["kind", "rules", "float_dtype", "BFLOAT16", "HALF_DTYPES"]
+
+try:  # optional: numpy has no bfloat16; ml_dtypes adds one (kind "V", name "bfloat16")
+    import ml_dtypes as _ml_dtypes
+except ImportError:  # then numpy_ref has float16, float32 and float64 only
+    BFLOAT16 = None
+else:
+    BFLOAT16 = np.dtype(_ml_dtypes.bfloat16)
+
+#: the half-precision dtypes: computed as SPEC 3.1 says (float32 inside, rounded once)
+HALF_DTYPES = tuple(d for d in (np.dtype(np.float16), BFLOAT16) if d is not None)
+
+
+def _is_float(dtype) -> bool:
+    """numpy floating dtypes, and ml_dtypes' bfloat16 (numpy kind "V")."""
+    return dtype.kind == "f" or (BFLOAT16 is not None and dtype == BFLOAT16)
 
 
 def kind(x) -> str:
-    """Dtype kind of a numpy array: "float", "bool", "int" or "other"."""
-    k = np.asarray(x).dtype.kind if not hasattr(x, "dtype") else np.dtype(x.dtype).kind
-    if k == "f":
+    """Dtype kind of a numpy array: "float" (bfloat16 included), "bool", "int" or "other"."""
+    dtype = np.asarray(x).dtype if not hasattr(x, "dtype") else np.dtype(x.dtype)
+    k = dtype.kind
+    if _is_float(dtype):
         return "float"
     if k == "b":
         return "bool"
@@ -32,12 +48,16 @@ rules = Rules(kind, lambda x: isinstance(x, (np.ndarray, np.generic)), "numpy.nd
 
 
 def float_dtype(dtype):
-    """A ``dtype`` argument as a numpy dtype; not floating is a TypeError."""
+    """A ``dtype`` argument as a numpy dtype; not floating is a TypeError.
+
+    ``"bfloat16"`` (or ml_dtypes' type) is accepted when ml_dtypes is installed.
+    """
     try:
-        parsed = np.dtype(dtype)
+        named_bf16 = isinstance(dtype, str) and dtype == "bfloat16"
+        parsed = BFLOAT16 if BFLOAT16 is not None and named_bf16 else np.dtype(dtype)
     except TypeError:
         parsed = None
-    rules.float_dtype(parsed is not None and parsed.kind == "f", dtype if parsed is None else parsed)
+    rules.float_dtype(parsed is not None and _is_float(parsed), dtype if parsed is None else parsed)
     return parsed
 
 

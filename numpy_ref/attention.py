@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from ._checks import _generator, float_dtype, rules
-from .layers import _dropout, _keep_mask, _upcast, linear_backward
+from .layers import _dropout, _keep_mask, _matmul, _sum, _upcast, linear_backward
 
 __all__ = [
     "softmax",
@@ -57,7 +57,7 @@ def softmax(x, axis=-1, mask=None):
     ``p = exp(x - max_valid(x)) / sum_valid(exp(x - max_valid(x)))`` over
     ``axis``, where an entry is *valid* iff ``mask`` is True there and
     ``x != -inf``. Invalid entries get 0; a row without valid entries is all 0
-    (not NaN, not uniform). float16 inputs are computed in float32 and
+    (not NaN, not uniform). float16/bfloat16 inputs are computed in float32 and
     rounded once, as the mirrors do.
 
     Args:
@@ -143,7 +143,7 @@ def scaled_dot_product_attention(
     weights = _attention_probs(q, k, mask, bias, scale).astype(q.dtype, copy=False)  # (*batch, Lq, Lk)
     keep = _keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
     dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
-    return dropped @ v, weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
+    return _matmul(dropped, v), weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
 
 
 def scaled_dot_product_attention_backward(
@@ -180,14 +180,14 @@ def scaled_dot_product_attention_backward(
     scale = _scale(q, scale)
     read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
     k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
-    p = _attention_probs(q, k, mask, bias, scale)  # (*batch, Lq, Lk), float32 for float16 inputs
+    p = _attention_probs(q, k, mask, bias, scale)  # (*batch, Lq, Lk), float32 for half inputs
     keep = _keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
     dropped = _dropout(p.astype(q.dtype, copy=False), keep, dropout_p)  # (*batch, Lq, Lk)
     return _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read)
 
 
 def _attention_probs(q, k, mask, bias, scale):
-    """``p = softmax(q kᵀ * scale + bias, mask)``, in float32 for float16 inputs
+    """``p = softmax(q kᵀ * scale + bias, mask)``, in float32 for half inputs
     (the caller rounds it once)."""
     scores = _upcast(q) @ np.swapaxes(_upcast(k), -1, -2) * scale  # (*batch, Lq, Lk)
     if bias is not None:
@@ -199,8 +199,8 @@ def _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep,
     """The chain rule of :func:`scaled_dot_product_attention_backward`, given the
     forward's ``p`` (unrounded), keep-mask, ``dropped = dropout(p)``, and
     ``k``, ``v`` with their unread rows (``read``, as :func:`_read_keys`) at 0."""
-    dv = np.swapaxes(dropped, -1, -2) @ d_out  # (*batch, Lk, Dv)
-    d_dropped = d_out @ np.swapaxes(v, -1, -2)  # (*batch, Lq, Lk)
+    dv = _matmul(np.swapaxes(dropped, -1, -2), d_out)  # (*batch, Lk, Dv)
+    d_dropped = _matmul(d_out, np.swapaxes(v, -1, -2))  # (*batch, Lq, Lk)
     dp = _dropout(d_dropped, keep, dropout_p)  # (*batch, Lq, Lk)
     if d_weights is not None:
         dp = dp + d_weights  # (*batch, Lq, Lk)
@@ -240,9 +240,9 @@ def additive_attention(query, keys, params, mask=None):
     mask = rules.additive(query, keys, params, mask)  # SPEC 3.7; a (B, 1, 1, Lk) mask loses its head axis
     keys = _unread_to_zero(keys, _read_keys(mask, None))  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
-    e = t @ params["v"]  # (B, Lq, Lk)
+    e = _matmul(t, params["v"])  # (B, Lq, Lk)
     weights = _masked_softmax(_upcast(e), mask, -1).astype(e.dtype, copy=False)  # (B, Lq, Lk)
-    return weights @ keys, weights  # (B, Lq, Dk), (B, Lq, Lk)
+    return _matmul(weights, keys), weights  # (B, Lq, Dk), (B, Lq, Lk)
 
 
 def additive_attention_backward(d_out, query, keys, params, mask=None):
@@ -275,26 +275,26 @@ def additive_attention_backward(d_out, query, keys, params, mask=None):
     read = _read_keys(mask, None)  # (B, Lk, 1) or None
     keys = _unread_to_zero(keys, read)  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
-    p32 = _masked_softmax(_upcast(t @ params["v"]), mask, -1)  # (B, Lq, Lk), float32 for float16
+    p32 = _masked_softmax(_upcast(_matmul(t, params["v"])), mask, -1)  # (B, Lq, Lk), float32 for half
     p = p32.astype(query.dtype, copy=False)  # (B, Lq, Lk)
 
-    dp = d_ctx @ np.swapaxes(keys, -1, -2)  # (B, Lq, Lk)
+    dp = _matmul(d_ctx, np.swapaxes(keys, -1, -2))  # (B, Lq, Lk)
     if d_weights is not None:
         dp = dp + d_weights  # (B, Lq, Lk)
     de = _softmax_grad(p32, _upcast(dp)).astype(query.dtype, copy=False)  # (B, Lq, Lk)
-    dv = np.einsum("bqk,bqka->a", de, t)  # (A,)
+    dv = _matmul(de.reshape(1, -1), t.reshape(-1, t.shape[-1]))[0]  # (A,) = sum_bqk de t
     dt = de[..., None] * params["v"]  # (B, Lq, Lk, A)
-    dh = dt * (1.0 - t * t)  # (B, Lq, Lk, A)
-    g_2 = linear_backward(dh.sum(axis=2), query, params["w_2"])  # x (B, Lq, Dq), w (Dq, A)
-    g_1 = linear_backward(dh.sum(axis=1), keys, params["w_1"])  # x (B, Lk, Dk), w (Dk, A)
-    d_keys = np.swapaxes(p, -1, -2) @ d_ctx + g_1["x"]  # (B, Lk, Dk)
+    dh = (_upcast(dt) * (1.0 - _upcast(t) ** 2)).astype(t.dtype, copy=False)  # (B, Lq, Lk, A), rounded once
+    g_2 = linear_backward(_sum(dh, 2), query, params["w_2"])  # x (B, Lq, Dq), w (Dq, A)
+    g_1 = linear_backward(_sum(dh, 1), keys, params["w_1"])  # x (B, Lk, Dk), w (Dk, A)
+    d_keys = _matmul(np.swapaxes(p, -1, -2), d_ctx) + g_1["x"]  # (B, Lk, Dk)
     d_keys = _unread_to_zero(d_keys, read)  # keys = where(read, keys_in, 0)
     return {"query": g_2["x"], "keys": d_keys, "params": {"w_1": g_1["w"], "w_2": g_2["w"], "v": dv}}
 
 
 def _additive_hidden(query, keys, params):
-    keys_proj = keys @ params["w_1"]  # (B, Lk, A)
-    query_proj = query @ params["w_2"]  # (B, Lq, A)
+    keys_proj = _matmul(keys, params["w_1"])  # (B, Lk, A)
+    query_proj = _matmul(query, params["w_2"])  # (B, Lq, A)
     return np.tanh(query_proj[:, :, None, :] + keys_proj[:, None, :, :])  # (B, Lq, Lk, A)
 
 
@@ -341,7 +341,7 @@ def multi_head_attention(
     # 4) concat
     concat = _merge_heads(heads)  # (B, Lq, D)
     # 5) output projection
-    return concat @ params["w_o"] + params["b_o"], weights  # (B, Lq, D), (B, H, Lq, Lk)
+    return _matmul(concat, params["w_o"]) + params["b_o"], weights  # (B, Lq, D), (B, H, Lq, Lk)
 
 
 def multi_head_attention_backward(
@@ -386,10 +386,10 @@ def multi_head_attention_backward(
     qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
     kh, vh = _unread_to_zero(kh, read_h), _unread_to_zero(vh, read_h)  # (B, H, Lk, Dh)
     scale = _scale(qh, None)
-    p = _attention_probs(qh, kh, mask, bias, scale)  # (B, H, Lq, Lk), float32 for float16
+    p = _attention_probs(qh, kh, mask, bias, scale)  # (B, H, Lq, Lk), float32 for half
     keep = _keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
     dropped = _dropout(p.astype(query.dtype, copy=False), keep, dropout_p)  # (B, H, Lq, Lk)
-    concat = _merge_heads(dropped @ vh)  # (B, Lq, D)
+    concat = _merge_heads(_matmul(dropped, vh))  # (B, Lq, D)
 
     # 5) output projection
     g_o = linear_backward(d_out, concat, params["w_o"], params["b_o"])  # x (B, Lq, D)
@@ -421,9 +421,9 @@ def multi_head_attention_backward(
 
 def _project_heads(query, key, value, params, num_heads):
     # 1) project
-    q = query @ params["w_q"] + params["b_q"]  # (B, Lq, D)
-    k = key @ params["w_k"] + params["b_k"]  # (B, Lk, D)
-    v = value @ params["w_v"] + params["b_v"]  # (B, Lk, D)
+    q = _matmul(query, params["w_q"]) + params["b_q"]  # (B, Lq, D)
+    k = _matmul(key, params["w_k"]) + params["b_k"]  # (B, Lk, D)
+    v = _matmul(value, params["w_v"]) + params["b_v"]  # (B, Lk, D)
     # 2) split heads
     return tuple(_split_heads(x, num_heads) for x in (q, k, v))  # (B, H, L, Dh)
 
@@ -515,7 +515,7 @@ def _read_positions(read):
 def _unread_to_zero(x, read):
     """``where(read, x, 0)``: the rows of unread keys set to 0 (by selection,
     so a NaN or inf there is gone); ``x`` itself when ``read`` is None."""
-    return x if read is None else np.where(read, x, 0.0)
+    return x if read is None else np.where(read, x, x.dtype.type(0))  # bfloat16 stays bfloat16
 
 
 def _scale(q, scale):

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ._checks import _generator, float_dtype, rules
+from ._checks import HALF_DTYPES, _generator, float_dtype, rules
 
 __all__ = [
     "linear",
@@ -41,7 +41,7 @@ def linear(x, w, b=None):
       ``(..., D_out)``.
     """
     rules.linear(x, w, b)  # SPEC 3.10: x (..., D_in), w (D_in, D_out), b (D_out,)
-    y = x @ w  # (..., D_out)
+    y = _matmul(x, w)  # (..., D_out)
     return y if b is None else y + b
 
 
@@ -57,10 +57,10 @@ def layer_norm(x, params, eps=1e-5):
       eps: positive; keeps a constant row finite (its output is ``beta``).
 
     Returns:
-      ``(..., D)``. float16 statistics are computed in float32, as the mirrors do.
+      ``(..., D)``. float16/bfloat16 statistics are computed in float32, as the mirrors do.
     """
     rules.layer_norm(x, params, eps)  # SPEC 3.10: x (..., D), gamma/beta (D,), eps > 0
-    x_hat, _ = _normalize(x, eps)  # (..., D), float32 for float16
+    x_hat, _ = _normalize(x, eps)  # (..., D), float32 for half inputs
     out = _upcast(params["gamma"]) * x_hat + _upcast(params["beta"])  # (..., D)
     return out.astype(x.dtype, copy=False)  # rounded once
 
@@ -144,18 +144,38 @@ def init_feed_forward(rng, d_model, d_ff, dtype=np.float64):
 
 
 def _upcast(x):
-    """float16 -> float32, other dtypes unchanged: the half-precision recipe.
+    """float16/bfloat16 -> float32, other dtypes unchanged: the half-precision recipe.
 
     Softmax and layer norm upcast their inputs once, compute in float32 and
     round the result back once (``.astype(x.dtype)``), as the mirrors do.
     """
-    return x.astype(np.float32) if x.dtype == np.float16 else x
+    return x.astype(np.float32) if x.dtype in HALF_DTYPES else x
+
+
+def _matmul(a, b):
+    """``a @ b`` in the inputs' dtype.
+
+    Half inputs accumulate in float32 and are rounded once, as torch's and
+    XLA's matmuls do; ml_dtypes' ``bfloat16 @ bfloat16`` returns the float32
+    accumulator, which is rounded back here.
+    """
+    out = a @ b
+    dtype = a.dtype if a.dtype == b.dtype else np.result_type(a, b)
+    return out if out.dtype == dtype else out.astype(dtype)
+
+
+def _sum(a, axis, keepdims=False):
+    """``a.sum(axis)``; half inputs accumulate in float32 and are rounded once
+    (as the mirrors' reductions do; numpy would add bfloat16 in bfloat16)."""
+    if a.dtype in HALF_DTYPES:
+        return a.sum(axis=axis, keepdims=keepdims, dtype=np.float32).astype(a.dtype)
+    return a.sum(axis=axis, keepdims=keepdims)
 
 
 def _normalize(x, eps):
     """``x_hat = (x - mean) / sqrt(var + eps)`` and ``1 / sqrt(var + eps)``.
 
-    In float32 for float16 ``x``; the caller rounds its result once.
+    In float32 for half ``x``; the caller rounds its result once.
     """
     x = _upcast(x)
     centered = x - x.mean(axis=-1, keepdims=True)  # (..., D)
@@ -179,7 +199,10 @@ def _dropout(x, keep, p):
     By selection: a dropped entry is exactly 0, even where ``x`` is inf or NaN.
     Linear in ``x``, so also its own backward.
     """
-    return x if keep is None else np.where(keep, x / (1.0 - float(p)), x.dtype.type(0))
+    if keep is None:
+        return x
+    # x / (1 - p) rounded to x's dtype (ml_dtypes' bfloat16 / float gives float32)
+    return np.where(keep, (x / (1.0 - float(p))).astype(x.dtype, copy=False), x.dtype.type(0))
 
 
 # --------------------------------------------------------------------------
@@ -218,7 +241,8 @@ def _erf(x):
     erfc_mid = np.exp(-mid * mid) * np.polyval(_ERFC_P, mid) / np.polyval(_ERFC_Q, mid)
     magnitude = np.where(a < 1.0, erf_small, 1.0 - erfc_mid)
     magnitude = np.where(a >= _ERF_SATURATES, 1.0, magnitude)
-    return (np.sign(x64) * magnitude).astype(np.result_type(x, np.float16), copy=False)
+    dtype = x.dtype if x.dtype in HALF_DTYPES else np.result_type(x, np.float16)
+    return (np.sign(x64) * magnitude).astype(dtype, copy=False)
 
 
 def _normal_cdf(x):
@@ -241,13 +265,16 @@ def _relu_grad(x):
 
 
 def _gelu(x):
-    """``gelu(x) = x Φ(x)``, the exact erf form."""
-    return x * _normal_cdf(x)
+    """``gelu(x) = x Φ(x)``, the exact erf form; half inputs in float32, rounded once
+    (as ``F.gelu``)."""
+    x32 = _upcast(x)
+    return (x32 * _normal_cdf(x32)).astype(x.dtype, copy=False)
 
 
 def _gelu_grad(x):
-    """``gelu'(x) = Φ(x) + x φ(x)``."""
-    return _normal_cdf(x) + x * _normal_pdf(x)
+    """``gelu'(x) = Φ(x) + x φ(x)``; half inputs in float32, rounded once."""
+    x32 = _upcast(x)
+    return (_normal_cdf(x32) + x32 * _normal_pdf(x32)).astype(x.dtype, copy=False)
 
 
 _ACT = {"relu": _relu, "gelu": _gelu}
@@ -260,7 +287,7 @@ _ACT_GRAD = {"relu": _relu_grad, "gelu": _gelu_grad}
 
 def _sum_leading(a):
     """Sum over every axis but the last: ``(..., N) -> (N,)``."""
-    return a.reshape(-1, a.shape[-1]).sum(axis=0)
+    return _sum(a.reshape(-1, a.shape[-1]), 0)
 
 
 def linear_backward(d_out, x, w, b=None):
@@ -276,8 +303,8 @@ def linear_backward(d_out, x, w, b=None):
     rules.linear(x, w, b)  # SPEC 3.10
     rules.d_out(d_out, x, "x", x.shape[:-1] + w.shape[1:])  # x's dtype, the output's shape
     grads = {
-        "x": d_out @ w.T,  # (..., D_in)
-        "w": x.reshape(-1, w.shape[0]).T @ d_out.reshape(-1, w.shape[1]),  # (D_in, D_out)
+        "x": _matmul(d_out, w.T),  # (..., D_in)
+        "w": _matmul(x.reshape(-1, w.shape[0]).T, d_out.reshape(-1, w.shape[1])),  # (D_in, D_out)
     }
     if b is not None:
         grads["b"] = _sum_leading(d_out)  # (D_out,)
@@ -297,7 +324,7 @@ def layer_norm_backward(d_out, x, params, eps=1e-5):
     """
     rules.layer_norm(x, params, eps)  # SPEC 3.10
     rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
-    x_hat, inv_std = _normalize(x, eps)  # (..., D), (..., 1); float32 for float16
+    x_hat, inv_std = _normalize(x, eps)  # (..., D), (..., 1); float32 for half inputs
     d_out = _upcast(d_out)  # (..., D)
     g = d_out * _upcast(params["gamma"])  # (..., D)
     dx = inv_std * (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import _generator, float_dtype, rules
+from .layers import _sum
 
 __all__ = [
     "sinusoidal_encoding",
@@ -97,5 +98,5 @@ def add_positional_encoding_backward(d_out, x, table):
     rules.add_positional(x, table)  # SPEC 3.9
     rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
     d_table = np.zeros_like(table)  # (max_len, D)
-    d_table[: x.shape[1]] = d_out.sum(axis=0)  # (L, D)
+    d_table[: x.shape[1]] = _sum(d_out, 0)  # (L, D), float32 accumulation for half inputs
     return {"x": d_out.copy(), "table": d_table}  # dx = d_out, a new array

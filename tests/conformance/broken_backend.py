@@ -166,3 +166,11 @@ class ForwardOnlyNumpy(NumpyBackend):
     def run(self, call, dtype):
         result = super().run(call, dtype)
         return Result(result.outputs)
+
+
+class FullPrecisionOnly(NumpyBackend):
+    """The reference, declaring float64 and float32 only (numpy itself also
+    declares float16 and, with ml_dtypes, bfloat16)."""
+
+    name = "full-precision"
+    dtypes = ("float64", "float32")

@@ -51,10 +51,11 @@ def test_an_adapter_that_supports_nothing_fails_instead_of_passing(capsys):
 
 
 def test_a_dtype_the_named_backend_does_not_declare_is_a_failure(capsys):
-    code, out, _ = _run(capsys, "--backend", "numpy", "--dtype", "bfloat16")
+    code, out, _ = _run(capsys, "--backend", f"{BROKEN}:FullPrecisionOnly", "--dtype", "bfloat16")
     assert code == 1
-    assert "FAIL backend numpy: dtype bfloat16 requested but not declared (declares: float64, float32)" in out
-    assert "FAIL backend numpy: ran no value case" in out
+    assert ("FAIL backend full-precision: dtype bfloat16 requested but not declared "
+            "(declares: float64, float32)") in out
+    assert "FAIL backend full-precision: ran no value case" in out
 
 
 def test_an_undeclared_dtype_is_only_a_failure_for_a_backend_named_on_the_command_line(capsys):

@@ -123,7 +123,7 @@ def _folder(tmp_path, entries, files=(VALUE, ERROR)):
     folder.mkdir(exist_ok=True)
     for name in files:
         shutil.copy(DEFAULT_DIR / case_file(name), folder / case_file(name))
-    manifest = {"format": 1, "spec_version": numpy_ref.SPEC_VERSION, "cases": entries}
+    manifest = {"format": fixtures_module.FORMAT, "spec_version": numpy_ref.SPEC_VERSION, "cases": entries}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
@@ -347,7 +347,7 @@ def _write_members(tmp_path, members):
     (folder / entry["file"]).write_bytes(buffer.getvalue())
     entry["sha256"] = hashlib.sha256(buffer.getvalue()).hexdigest()
     (folder / "manifest.json").write_text(json.dumps(
-        {"format": 1, "spec_version": numpy_ref.SPEC_VERSION, "cases": [entry]}))
+        {"format": fixtures_module.FORMAT, "spec_version": numpy_ref.SPEC_VERSION, "cases": [entry]}))
     return entry, folder
 
 

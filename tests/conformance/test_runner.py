@@ -11,6 +11,7 @@ import pytest
 
 from conformance.__main__ import main
 from conformance.backends import Unavailable, load
+from conformance.backends.numpy_backend import NumpyBackend
 from conformance.fixtures import case_file
 from conformance.runner import matches
 from conformance.tolerances import error_ratio
@@ -114,7 +115,7 @@ def test_manifest_of_newer_spec_is_refused(capsys, fixtures_copy):
 @pytest.mark.parametrize(
     ("cls", "problem"),
     [
-        ("BrokenBackend", "output out: error ratio"),
+        ("BrokenBackend", "output out: max err"),
         ("WrongShapeBackend", "output out: shape"),
         ("IntegerBackend", "output out: dtype int64, expected a floating dtype"),
         ("MissingGradBackend", "missing"),
@@ -161,7 +162,7 @@ def test_broken_adapter_exits_nonzero_from_the_command_line():
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 1
-    assert "FAIL broken float64 mha/cross/causal: output out: error ratio" in proc.stdout
+    assert "FAIL broken float64 mha/cross/causal: output out: max err" in proc.stdout
     assert "[broken float32]" in proc.stderr  # the progress line
 
 
@@ -185,10 +186,11 @@ def test_table_shows_worst_ratio_per_component_for_outputs_and_gradients(capsys)
     assert code == 0
     assert "numpy out" in out and "numpy grad" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("layer_norm ")]
-    assert len(rows) == 3  # float64, float32, error cases
-    assert rows[0][1] == rows[1][1] == "4"  # value cases
-    assert all(float(x) <= 1 for x in rows[1][2:4])  # out, grad ratios
-    assert rows[2][1] == "4/4"
+    dtypes = NumpyBackend.dtypes  # float64, float32, float16 and, with ml_dtypes, bfloat16
+    assert len(rows) == len(dtypes) + 1  # one per dtype, then the error cases
+    assert all(row[1] == "4" for row in rows[:-1])  # value cases
+    assert all(float(x) <= 1 for row in rows[1:-1] for x in row[2:4])  # out, grad ratios
+    assert rows[-1][1] == "4/4"
     assert "[numpy float64]" in err
 
 
