@@ -364,6 +364,14 @@ class Rules(ArrayRules):
             raise ValueError(f"bos: expected a token id in [0, Vt) with Vt={sizes['Vt']}, got {bos}")
         return bos, self.count(max_len, "max_len")
 
+    def attention_seq2seq(self, src, tgt_in, params, src_lengths) -> dict:
+        """``attention_seq2seq``: :meth:`seq2seq` with the ``"attention"`` params."""
+        return self.seq2seq(src, tgt_in, params, src_lengths, attention=True)
+
+    def attention_seq2seq_greedy(self, src, params, bos, max_len, src_lengths):
+        """``attention_seq2seq_greedy``: :meth:`seq2seq_greedy` with the ``"attention"`` params."""
+        return self.seq2seq_greedy(src, params, bos, max_len, src_lengths, attention=True)
+
     def lengths(self, lengths, name: str, B: int, letter: str, L: int) -> None:
         """None, or an int ``(B,)`` array with values in ``[0, L]`` (values are
         checked on concrete arrays only: under ``jax.jit`` they wait)."""
