@@ -98,7 +98,7 @@ def gru_cell(x, h, params):
 
 def _rnn_step(gi, h, params):
     """``tanh(gi + h @ w_hh + b_hh)``; ``gi = x @ w_ih + b_ih (B, Hs)`` is given."""
-    return torch.tanh(gi + (h @ params["w_hh"] + params["b_hh"]))  # (B, Hs)
+    return torch.tanh(gi + h @ params["w_hh"] + params["b_hh"])  # (B, Hs)
 
 
 def _gru_step(gi, h, params):
@@ -221,7 +221,7 @@ def attention_seq2seq(src, tgt_in, params, src_lengths=None):
     Returns:
       ``(logits (B, T, Vt), weights (B, T, Ls))``.
     """
-    rules.seq2seq(src, tgt_in, params, src_lengths, attention=True)
+    rules.attention_seq2seq(src, tgt_in, params, src_lengths)
     return _teacher_forced(_Decoder(params, src, src_lengths, attention=True), tgt_in)
 
 
@@ -253,7 +253,7 @@ def attention_seq2seq_greedy(src, params, bos, max_len, src_lengths=None):
     Returns:
       ``(tokens int64 (B, max_len), weights (B, max_len, Ls))``.
     """
-    bos, max_len = rules.seq2seq_greedy(src, params, bos, max_len, src_lengths, attention=True)
+    bos, max_len = rules.attention_seq2seq_greedy(src, params, bos, max_len, src_lengths)
     return _greedy(_Decoder(params, src, src_lengths, attention=True), bos, max_len)
 
 
