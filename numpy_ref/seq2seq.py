@@ -249,7 +249,7 @@ def attention_seq2seq(src, tgt_in, params, src_lengths=None):
     Returns:
       ``(logits (B, T, Vt), weights (B, T, Ls))``, ``weights[:, t] = α_t``.
     """
-    rules.seq2seq(src, tgt_in, params, src_lengths, attention=True)  # SPEC 3.17
+    rules.attention_seq2seq(src, tgt_in, params, src_lengths)  # SPEC 3.17
     logits, steps, _ = _teacher_forced(src, tgt_in, params, src_lengths)
     return logits, _over_time([st.weights for st in steps], *src.shape, logits.dtype)  # (B, T, Ls)
 
@@ -330,7 +330,7 @@ def attention_seq2seq_greedy(src, params, bos, max_len, src_lengths=None):
     Returns:
       ``(tokens (B, max_len) int, weights (B, max_len, Ls))``.
     """
-    bos, max_len = rules.seq2seq_greedy(src, params, bos, max_len, src_lengths, attention=True)
+    bos, max_len = rules.attention_seq2seq_greedy(src, params, bos, max_len, src_lengths)  # SPEC 3.17
     tokens, steps = _greedy(src, params, bos, max_len, src_lengths)
     return tokens, _over_time([st.weights for st in steps], *src.shape, params["out"]["b"].dtype)
 
@@ -597,7 +597,7 @@ def attention_seq2seq_backward(d_out, src, tgt_in, params, src_lengths=None):
     Returns:
       ``{"params": {...}}``, the tree of ``params``.
     """
-    rules.seq2seq(src, tgt_in, params, src_lengths, attention=True)  # SPEC 3.17
+    rules.attention_seq2seq(src, tgt_in, params, src_lengths)  # SPEC 3.17
     (B, T), Ls, Vt = tgt_in.shape, src.shape[1], params["out"]["b"].shape[0]
     d_logits, d_weights = rules.cotangents(  # the params' dtype, the logits' and weights' shapes
         d_out, params["src_embed"], "params.src_embed", (("B", "T", "Vt"), (B, T, Vt)), (("B", "T", "Ls"), (B, T, Ls))
