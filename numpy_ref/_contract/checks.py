@@ -390,7 +390,8 @@ class Rules(ArrayRules):
         self.int_(tokens, name)
         self.shape(tokens, name, letters, sizes)
         if self.is_concrete(tokens) and math.prod(tokens.shape) > 0:
-            lo, hi = int(tokens.min()), int(tokens.max())
+            ids = np.asarray(tokens.tolist())  # host values: a JAX array's .min() inside a jit trace is staged
+            lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= V:
                 raise ValueError(f"{name}: expected token ids in [0, {vocab}) with {vocab}={V}, "
                                  f"got ids in [{lo}, {hi}]")
