@@ -182,7 +182,7 @@ def _scan(step, x, params, h0, lengths):
     """Run ``step`` over time; ``outputs (B, L, Hs)`` and the ``L + 1`` states ``h_0 .. h_L``."""
     B, L, _ = x.shape
     Hs = params["w_hh"].shape[0]
-    h = np.zeros((B, Hs), dtype=x.dtype) if h0 is None else h0  # (B, Hs)
+    h = np.zeros((B, Hs), dtype=x.dtype) if h0 is None else h0.copy()  # (B, Hs); h_n is never h0 itself
     valid = _valid_steps(lengths, B, L)  # (B, L) bool
     outputs, states = np.zeros((B, L, Hs), dtype=x.dtype), [h]
     for t in range(L):
@@ -262,8 +262,8 @@ def _teacher_forced(src, tgt_in, params, src_lengths):
     for t in range(tgt_in.shape[1]):
         steps.append(_decoder_step(params, tgt_in[:, t], s, enc, c, mask))
         s = steps[-1].s_new  # (B, Hs)
-    logits = _over_time([st.logits for st in steps], src.shape[0], *params["out"]["b"].shape,
-                        params["out"]["b"].dtype)  # (B, T, Vt)
+    B, Vt = src.shape[0], params["out"]["b"].shape[0]
+    logits = _over_time([st.logits for st in steps], B, Vt, params["out"]["b"].dtype)  # (B, T, Vt)
     return logits, steps, (enc, c, mask)
 
 
@@ -276,9 +276,13 @@ def _encode(src, params, src_lengths):
 
 
 def _decoder_step(params, y_prev, s, enc, c, mask):
-    """``c_t`` (fixed ``c``, or attention over ``enc``), ``s_{t+1}`` and the logits.
+    """One decoder step, the seed's ``s_{t+1} = g(s_t, y_t, c_t)`` and its readout.
 
-    ``y_prev (B,)`` int, ``s (B, Hs)``, ``enc (B, Ls, Hs)``, ``c (B, Hs)``.
+    ``c_t = c`` (seq2seq) or ``additive_attention(s_t, enc)`` (Bahdanau),
+    ``s_{t+1} = gru_cell([tgt_embed[y_t], c_t], s_t)``,
+    ``logits = [s_{t+1}, c_t] @ out.w + out.b``; ``y_prev (B,)`` int,
+    ``s (B, Hs)``, ``enc (B, Ls, Hs)``, ``c (B, Hs)``. Returns every
+    intermediate (the backward pass walks them back).
     """
     weights = None
     if "attention" in params:  # Bahdanau: the context depends on the step
@@ -286,9 +290,10 @@ def _decoder_step(params, y_prev, s, enc, c, mask):
         c, weights = c[:, 0], weights[:, 0]  # (B, Hs), (B, Ls)
     x = np.concatenate([params["tgt_embed"][y_prev], c], axis=-1)  # (B, E + Hs)
     s_new = _gru_step(x, s, params["decoder"])  # (B, Hs)
-    read = np.concatenate([s_new, c], axis=-1)  # (B, 2Hs)
+    read = np.concatenate([s_new, c], axis=-1)  # (B, 2Hs): what the readout reads
     logits = read @ params["out"]["w"] + params["out"]["b"]  # (B, Vt)
-    return SimpleNamespace(y_prev=y_prev, s=s, c=c, x=x, s_new=s_new, read=read, logits=logits, weights=weights)
+    return SimpleNamespace(y_prev=y_prev, s=s, c=c, x=x, s_new=s_new, read=read, logits=logits,
+                           weights=weights)
 
 
 def _over_time(rows, B, N, dtype):
@@ -336,6 +341,7 @@ def attention_seq2seq_greedy(src, params, bos, max_len, src_lengths=None):
 
 
 def _greedy(src, params, bos, max_len, src_lengths):
+    """Encode, then decode ``max_len`` steps feeding back the argmax; tokens and steps."""
     enc, c, mask = _encode(src, params, src_lengths)
     y = np.full(src.shape[0], bos, dtype=np.int64)  # (B,)
     s, tokens, steps = c, np.zeros((src.shape[0], max_len), dtype=np.int64), []
@@ -537,7 +543,7 @@ def _scan_backward(step, cell_grads, d_outputs, d_h_n, x, params, h0, lengths):
     B, L, _ = x.shape
     _, states = _scan(step, x, params, h0, lengths)  # h_0 .. h_L, each (B, Hs)
     valid = _valid_steps(lengths, B, L)  # (B, L)
-    dh = np.zeros_like(states[0]) if d_h_n is None else d_h_n  # (B, Hs): dL/dh_t from the steps after t
+    dh = np.zeros_like(states[0]) if d_h_n is None else d_h_n.copy()  # (B, Hs): dL/dh_t, from t on
     dx, d_params = np.zeros_like(x), _zeros_like(params)
     for t in reversed(range(L)):
         keep = valid[:, t, None]  # (B, 1)
@@ -600,7 +606,8 @@ def attention_seq2seq_backward(d_out, src, tgt_in, params, src_lengths=None):
     rules.attention_seq2seq(src, tgt_in, params, src_lengths)  # SPEC 3.17
     (B, T), Ls, Vt = tgt_in.shape, src.shape[1], params["out"]["b"].shape[0]
     d_logits, d_weights = rules.cotangents(  # the params' dtype, the logits' and weights' shapes
-        d_out, params["src_embed"], "params.src_embed", (("B", "T", "Vt"), (B, T, Vt)), (("B", "T", "Ls"), (B, T, Ls))
+        d_out, params["src_embed"], "params.src_embed",
+        (("B", "T", "Vt"), (B, T, Vt)), (("B", "T", "Ls"), (B, T, Ls)),
     )
     return _seq2seq_grads(d_logits, d_weights, src, tgt_in, params, src_lengths)
 
@@ -636,7 +643,8 @@ def _seq2seq_grads(d_logits, d_weights, src, tgt_in, params, src_lengths):
             dc_fixed += dc  # (B, Hs)
     # s_0 = c = h_n: the decoder's start and the fixed context both reach the encoder's last state
     x_src = params["src_embed"][src]  # (B, Ls, E)
-    g = _scan_backward(_gru_step, _gru_grads, d_enc, ds + dc_fixed, x_src, params["encoder"], None, src_lengths)
+    d_h_n = ds + dc_fixed  # (B, Hs)
+    g = _scan_backward(_gru_step, _gru_grads, d_enc, d_h_n, x_src, params["encoder"], None, src_lengths)
     _accumulate(grads["encoder"], g["params"])
     np.add.at(grads["src_embed"], src, g["x"])  # (Vs, E)
     return {"params": grads}
