@@ -100,9 +100,13 @@ def test_layer_backward_of_length_0_and_1_matches_finite_differences(kind, Lx):
     kwargs = _layer_inputs(kind, rng, Lx=Lx, lengths=np.array([Lx, 0, Lx]))
     cotangents = [rng.standard_normal((B, Lx, HS)), rng.standard_normal((B, HS))]
     check_backward(f, backward, kwargs, cotangents, _wrt(kwargs))
-    if Lx == 0:  # no step: h_n = h0, so d_h0 = d_h_n and nothing else moves
+    if Lx == 0:  # no step: h_n = h0, so d_h0 = d_h_n and nothing else moves; new arrays both
+        _, h_n = f(**kwargs)
+        np.testing.assert_array_equal(h_n, kwargs["h0"])
+        assert not np.shares_memory(h_n, kwargs["h0"])
         grads = backward(tuple(cotangents), **kwargs)
         np.testing.assert_array_equal(grads["h0"], cotangents[1])
+        assert not np.shares_memory(grads["h0"], cotangents[1])
         assert all(np.all(g == 0) for g in flatten(grads["params"]).values())
 
 
