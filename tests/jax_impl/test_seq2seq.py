@@ -389,3 +389,54 @@ def test_a_torch_gru_loaded_with_our_params_gives_our_outputs(rng):
     out, h_n = jax.jit(ji.gru)(jnp.asarray(x), to_jax(params), jnp.asarray(h0))
     np.testing.assert_allclose(np.asarray(out), want_out.numpy(), **TOL)
     np.testing.assert_allclose(np.asarray(h_n), want_h[0].numpy(), **TOL)
+
+
+# --------------------------------------------------------------------------
+# the conformance adapter on the recurrent functions
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from conformance.backends.jax_backend import JaxBackend
+
+    b = JaxBackend()
+    b.setup("cpu")
+    yield b
+    b.teardown()
+
+
+def _greedy_call(name, **change):
+    from conformance.protocol import Call
+
+    kwargs = _greedy_kw(**change)
+    return Call(name, "seq2seq_greedy", "seq2seq", kwargs,
+                expect_error="TypeError" if "error" in name else None)
+
+
+def test_the_adapter_keeps_token_ids_ints_and_traces_them(backend):
+    from conformance.backends.jax_backend import _jitted
+
+    call = _greedy_call("greedy/hand-built")
+    got = backend.run(call, "float64").outputs["out"]
+    np.testing.assert_array_equal(got, nr.seq2seq_greedy(**call.kwargs))
+    assert got.dtype.kind == "i"
+    before = _jitted()._cache_size()
+    other = _greedy_call("greedy/other-ids", src=np.flip(call.kwargs["src"], axis=1).copy(),
+                         src_lengths=np.array([1, 5, 3]))
+    np.testing.assert_array_equal(backend.run(other, "float64").outputs["out"],
+                                  nr.seq2seq_greedy(**other.kwargs))
+    assert _jitted()._cache_size() == before  # new ids and lengths: the same program
+
+
+def test_the_adapter_checks_lengths_and_ids_eagerly_and_never_mistakes_3_0_for_3(backend):
+    from conformance.protocol import Call
+
+    call = Call("seq2seq/error/hand-built", "seq2seq", "seq2seq",
+                _s2s_kw(src_lengths=np.array([6, 0, 1])), expect_error="ValueError")
+    with pytest.raises(ValueError, match=r"^src_lengths: expected values in \[0, Ls\] with Ls=5"):
+        backend.run(call, None)
+    from conformance.backends.jax_backend import _split_static
+
+    static_int, _ = _split_static({"max_len": 3, "bos": 1})
+    static_float, _ = _split_static({"max_len": 3.0, "bos": 1})
+    assert static_int != static_float  # jit's cache compares static arguments with ==
