@@ -27,6 +27,7 @@ with ``w (in, out)``; the GRU's ``3Hs`` columns are PyTorch's gate blocks
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -195,14 +196,14 @@ def seq2seq(src, tgt_in, params, src_lengths=None):
       tgt_in: int ``(B, T)`` decoder inputs in ``[0, Vt)`` (``BOS, y_1, ..., y_{T-1}``).
       params: ``{"src_embed": (Vs, E), "tgt_embed": (Vt, E), "encoder": gru
         params (I = E), "decoder": gru params (I = E + Hs), "out": {"w": (2Hs, Vt),
-        "b": (Vt,)}}`` (an ``"attention"`` entry is not used).
+        "b": (Vt,)}}``.
       src_lengths: int ``(B,)`` in ``[0, Ls]`` or None (all ``Ls``).
 
     Returns:
       ``logits (B, T, Vt)``.
     """
     rules.seq2seq(src, tgt_in, params, src_lengths)
-    return _teacher_forced(_Decoder(params, src, src_lengths, attention=False), tgt_in)[0]
+    return _teacher_forced(src, tgt_in, params, src_lengths)[0]
 
 
 def attention_seq2seq(src, tgt_in, params, src_lengths=None):
@@ -222,7 +223,7 @@ def attention_seq2seq(src, tgt_in, params, src_lengths=None):
       ``(logits (B, T, Vt), weights (B, T, Ls))``.
     """
     rules.attention_seq2seq(src, tgt_in, params, src_lengths)
-    return _teacher_forced(_Decoder(params, src, src_lengths, attention=True), tgt_in)
+    return _teacher_forced(src, tgt_in, params, src_lengths)
 
 
 def seq2seq_greedy(src, params, bos, max_len, src_lengths=None):
@@ -240,7 +241,7 @@ def seq2seq_greedy(src, params, bos, max_len, src_lengths=None):
       ``tokens`` int64 ``(B, max_len)``.
     """
     bos, max_len = rules.seq2seq_greedy(src, params, bos, max_len, src_lengths)
-    return _greedy(_Decoder(params, src, src_lengths, attention=False), bos, max_len)[0]
+    return _greedy(src, params, bos, max_len, src_lengths)[0]
 
 
 def attention_seq2seq_greedy(src, params, bos, max_len, src_lengths=None):
@@ -254,72 +255,82 @@ def attention_seq2seq_greedy(src, params, bos, max_len, src_lengths=None):
       ``(tokens int64 (B, max_len), weights (B, max_len, Ls))``.
     """
     bos, max_len = rules.attention_seq2seq_greedy(src, params, bos, max_len, src_lengths)
-    return _greedy(_Decoder(params, src, src_lengths, attention=True), bos, max_len)
+    return _greedy(src, params, bos, max_len, src_lengths)
 
 
-class _Decoder:
-    """The decoder of one encoded batch: ``step(y (B, E), s (B, Hs)) -> (s', logits (B, Vt), α (B, Ls) or None)``."""
-
-    def __init__(self, params, src, src_lengths, attention):
-        embedded = params["src_embed"][src]  # (B, Ls, E)
-        self.enc, self.s_0 = _scan(_gru_step, embedded, params["encoder"], None, src_lengths)  # (B, Ls, Hs), (B, Hs)
-        self.params, self.attention = params, attention
-        B, Ls = src.shape
-        self.B, self.Ls, self.Vt = B, Ls, params["out"]["w"].shape[1]
-        if attention:
-            self.mask = None if src_lengths is None else (
-                torch.arange(Ls, device=src.device) < src_lengths[:, None])  # (B, Ls)
-            self.keys = self.enc @ params["attention"]["w_1"]  # (B, Ls, A): once per source
-
-    def step(self, y, s):
-        dec, out = self.params["decoder"], self.params["out"]
-        if self.attention:
-            context, alpha = self._attend(s)  # (B, Hs), (B, Ls)
-        else:
-            context, alpha = self.s_0, None  # c = h_n, the fixed vector
-        gi = torch.cat([y, context], dim=-1) @ dec["w_ih"] + dec["b_ih"]  # (B, 3Hs)
-        s = _gru_step(gi, s, dec)  # (B, Hs)
-        logits = torch.cat([s, context], dim=-1) @ out["w"] + out["b"]  # (B, Vt)
-        return s, logits, alpha
-
-    def _attend(self, s):
-        """additive_attention(s[:, None], enc, attention, mask), the query axis squeezed."""
-        att = self.params["attention"]
-        e = torch.tanh((s @ att["w_2"])[:, None, :] + self.keys) @ att["v"]  # (B, Ls)
-        alpha = _masked_softmax(_upcast(e), self.mask, -1).to(e.dtype)  # (B, Ls); 0 on a length-0 row
-        return (alpha[:, None, :] @ self.enc)[:, 0], alpha  # (B, Hs), (B, Ls)
-
-    def stack(self, rows, width):
-        """Per-step ``(B, width)`` rows -> ``(B, T, width)`` (T may be 0)."""
-        if rows:
-            return torch.stack(rows, dim=1)
-        return self.s_0.new_zeros(self.B, 0, width)
-
-
-def _teacher_forced(decoder, tgt_in):
-    """``(logits (B, T, Vt), weights (B, T, Ls) or None)`` with ``tgt_in`` as the inputs."""
-    y = decoder.params["tgt_embed"][tgt_in]  # (B, T, E)
-    s, logits, weights = decoder.s_0, [], []
+def _teacher_forced(src, tgt_in, params, src_lengths):
+    """Encode, then run the decoder on ``tgt_in``: ``logits (B, T, Vt)`` and,
+    with attention, ``weights (B, T, Ls)`` (else None)."""
+    source = _encode(src, params, src_lengths)
+    s, logits, weights = source.c, [], []
     for t in range(tgt_in.shape[1]):
-        s, logit, alpha = decoder.step(y[:, t], s)
+        s, logit, alpha = _decoder_step(params, tgt_in[:, t], s, source)
         logits.append(logit)
         weights.append(alpha)
-    return decoder.stack(logits, decoder.Vt), (
-        decoder.stack(weights, decoder.Ls) if decoder.attention else None)
+    return _over_time(logits, source, params["out"]["b"].shape[0]), _weights(weights, source, params)
 
 
-def _greedy(decoder, bos, max_len):
+def _encode(src, params, src_lengths):
+    """``enc (B, Ls, Hs)``, ``c = h_n (B, Hs)``, the attention mask ``(B, Ls)``
+    or None, and (with attention) the keys' projection ``enc @ w_1 (B, Ls, A)``."""
+    x = params["src_embed"][src]  # (B, Ls, E)
+    enc, c = _scan(_gru_step, x, params["encoder"], None, src_lengths)  # (B, Ls, Hs), (B, Hs)
+    mask = None if src_lengths is None else (
+        torch.arange(src.shape[1], device=src.device) < src_lengths[:, None])  # (B, Ls)
+    # additive attention's keys @ w_1 does not depend on the step: once per source
+    keys = enc @ params["attention"]["w_1"] if "attention" in params else None  # (B, Ls, A)
+    return SimpleNamespace(enc=enc, c=c, mask=mask, keys=keys)
+
+
+def _decoder_step(params, y_prev, s, source):
+    """``c_t`` (fixed ``c``, or attention over ``enc``), ``s_{t+1}`` and the logits.
+
+    ``y_prev (B,)`` int, ``s (B, Hs)``; returns ``(s_{t+1} (B, Hs), logits
+    (B, Vt), α_t (B, Ls) or None)``.
+    """
+    c, weights = source.c, None  # (B, Hs)
+    if "attention" in params:  # Bahdanau: the context depends on the step
+        c, weights = _attend(s, source, params["attention"])  # (B, Hs), (B, Ls)
+    x = torch.cat([params["tgt_embed"][y_prev], c], dim=-1)  # (B, E + Hs)
+    decoder = params["decoder"]
+    s_new = _gru_step(x @ decoder["w_ih"] + decoder["b_ih"], s, decoder)  # (B, Hs)
+    read = torch.cat([s_new, c], dim=-1)  # (B, 2Hs)
+    return s_new, read @ params["out"]["w"] + params["out"]["b"], weights  # (B, Hs), (B, Vt), (B, Ls)
+
+
+def _attend(s, source, params):
+    """:func:`additive_attention` of the one query ``s (B, Hs)`` over ``enc``:
+    ``e_j = v · tanh(enc_j w_1 + s w_2)``, ``α = softmax(e, mask)``, ``c = α @ enc``."""
+    e = torch.tanh((s @ params["w_2"])[:, None, :] + source.keys) @ params["v"]  # (B, Ls)
+    alpha = _masked_softmax(_upcast(e), source.mask, -1).to(e.dtype)  # (B, Ls); 0 on a length-0 row
+    return (alpha[:, None, :] @ source.enc)[:, 0], alpha  # (B, Hs), (B, Ls)
+
+
+def _over_time(rows, source, N):
+    """The rows ``(B, N)`` of every step stacked along time, ``(B, T, N)``; ``T = 0`` too."""
+    if rows:
+        return torch.stack(rows, dim=1)
+    return source.c.new_zeros(source.c.shape[0], 0, N)
+
+
+def _weights(rows, source, params):
+    """Every step's ``α_t`` as ``(B, T, Ls)``; None without attention."""
+    return _over_time(rows, source, source.enc.shape[1]) if "attention" in params else None
+
+
+def _greedy(src, params, bos, max_len, src_lengths):
     """Feed back the argmax ``max_len`` times: ``(tokens (B, max_len), weights or None)``."""
-    token = torch.full((decoder.B,), int(bos), dtype=torch.int64, device=decoder.s_0.device)  # (B,)
-    s, tokens, weights = decoder.s_0, [], []
-    for _ in range(int(max_len)):
-        s, logit, alpha = decoder.step(decoder.params["tgt_embed"][token], s)
-        token = torch.argmax(logit, dim=-1)  # (B,): the first maximum, the lowest index
-        tokens.append(token)
+    source = _encode(src, params, src_lengths)
+    y = torch.full((src.shape[0],), bos, dtype=torch.int64, device=src.device)  # (B,)
+    s, tokens, weights = source.c, [], []
+    for _ in range(max_len):
+        s, logits, alpha = _decoder_step(params, y, s, source)
+        y = torch.argmax(logits, dim=-1)  # (B,); the first maximum on ties
+        tokens.append(y)
         weights.append(alpha)
     out = torch.stack(tokens, dim=1) if tokens else torch.zeros(
-        decoder.B, 0, dtype=torch.int64, device=decoder.s_0.device)  # (B, max_len)
-    return out, (decoder.stack(weights, decoder.Ls) if decoder.attention else None)
+        src.shape[0], 0, dtype=torch.int64, device=src.device)  # (B, max_len)
+    return out, _weights(weights, source, params)
 
 
 # --------------------------------------------------------------------------
