@@ -73,7 +73,7 @@ def rnn_cell(x, h, params):
     Returns:
       ``h' (B, Hs)``.
     """
-    rules.rnn_cell(x, h, params)
+    rules.rnn_cell(x, h, params)  # SPEC 3.17: the params fix I and Hs
     return _rnn_step(x @ params["w_ih"] + params["b_ih"], h, params)
 
 
@@ -93,7 +93,7 @@ def gru_cell(x, h, params):
     Returns:
       ``h' (B, Hs)``.
     """
-    rules.gru_cell(x, h, params)
+    rules.gru_cell(x, h, params)  # SPEC 3.17: the params fix I and Hs
     return _gru_step(x @ params["w_ih"] + params["b_ih"], h, params)
 
 
@@ -134,7 +134,7 @@ def rnn(x, params, h0=None, lengths=None):
       ``(outputs (B, L, Hs), h_n (B, Hs))``; ``h_n`` is the state after the
       last valid step (``h0`` for a length-0 row).
     """
-    rules.rnn(x, params, h0, lengths)
+    rules.rnn(x, params, h0, lengths)  # SPEC 3.17: the params fix I and Hs; lengths in [0, L]
     return _scan(_rnn_step, x, params, h0, lengths)
 
 
@@ -154,7 +154,7 @@ def gru(x, params, h0=None, lengths=None):
       ``(outputs (B, L, Hs), h_n (B, Hs))``; ``h_n`` is the state after the
       last valid step (``h0`` for a length-0 row).
     """
-    rules.gru(x, params, h0, lengths)
+    rules.gru(x, params, h0, lengths)  # SPEC 3.17: the params fix I and Hs; lengths in [0, L]
     return _scan(_gru_step, x, params, h0, lengths)
 
 
@@ -202,7 +202,7 @@ def seq2seq(src, tgt_in, params, src_lengths=None):
     Returns:
       ``logits (B, T, Vt)``.
     """
-    rules.seq2seq(src, tgt_in, params, src_lengths)
+    rules.seq2seq(src, tgt_in, params, src_lengths)  # SPEC 3.17: params, token ids in range, lengths
     return _teacher_forced(src, tgt_in, params, src_lengths)[0]
 
 
@@ -222,7 +222,7 @@ def attention_seq2seq(src, tgt_in, params, src_lengths=None):
     Returns:
       ``(logits (B, T, Vt), weights (B, T, Ls))``.
     """
-    rules.attention_seq2seq(src, tgt_in, params, src_lengths)
+    rules.attention_seq2seq(src, tgt_in, params, src_lengths)  # SPEC 3.17
     return _teacher_forced(src, tgt_in, params, src_lengths)
 
 
@@ -240,7 +240,7 @@ def seq2seq_greedy(src, params, bos, max_len, src_lengths=None):
     Returns:
       ``tokens`` int64 ``(B, max_len)``.
     """
-    bos, max_len = rules.seq2seq_greedy(src, params, bos, max_len, src_lengths)
+    bos, max_len = rules.seq2seq_greedy(src, params, bos, max_len, src_lengths)  # SPEC 3.17
     return _greedy(src, params, bos, max_len, src_lengths)[0]
 
 
@@ -254,7 +254,7 @@ def attention_seq2seq_greedy(src, params, bos, max_len, src_lengths=None):
     Returns:
       ``(tokens int64 (B, max_len), weights (B, max_len, Ls))``.
     """
-    bos, max_len = rules.attention_seq2seq_greedy(src, params, bos, max_len, src_lengths)
+    bos, max_len = rules.attention_seq2seq_greedy(src, params, bos, max_len, src_lengths)  # SPEC 3.17
     return _greedy(src, params, bos, max_len, src_lengths)
 
 
