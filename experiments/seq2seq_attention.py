@@ -117,12 +117,29 @@ def train(model, cfg, task, gen, label, log_every):
 
 @torch.no_grad()
 def accuracy(model, cfg, task, n, seed):
-    """Greedy whole-sequence accuracy on ``eval_size`` held-out sources of length ``n``."""
+    """Greedy accuracy on ``eval_size`` held-out sources of length ``n``:
+    ``(whole sequences right, tokens right)``, fractions."""
     gen = torch.Generator().manual_seed(seed)
     src, lengths, _, tgt_out, _ = batch(gen, cfg["eval_size"], (n,), cfg["symbols"], task)
     out = model.greedy(src, cfg["symbols"], n, lengths)
     tokens = out[0] if isinstance(out, tuple) else out  # (B, n)
-    return (tokens == tgt_out).all(dim=1).double().mean().item()
+    right = tokens == tgt_out  # (B, n)
+    return right.all(dim=1).double().mean().item(), right.double().mean().item()
+
+
+@torch.no_grad()
+def alignment(model, cfg, task, n, seed):
+    """How diagonal the attention is on held-out sources of length ``n``: the
+    fraction of decoding steps whose largest weight is on the source position
+    the task reads (``t`` for copy, ``n - 1 - t`` for reverse), and the mean
+    weight there."""
+    gen = torch.Generator().manual_seed(seed)
+    src, lengths, _, _, _ = batch(gen, cfg["eval_size"], (n,), cfg["symbols"], task)
+    _, weights = model.greedy(src, cfg["symbols"], n, lengths)  # (B, n, n)
+    t = torch.arange(n)
+    read = t if task == "copy" else n - 1 - t  # (n,)
+    on_target = (weights.argmax(dim=-1) == read).double().mean().item()
+    return on_target, weights[:, t, read].mean().item()
 
 
 # --------------------------------------------------------------------------
@@ -132,7 +149,7 @@ def accuracy(model, cfg, task, n, seed):
 def plot_accuracy(plt, lengths, results, path, task):
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for label, marker in (("seq2seq", "o"), ("attention", "s")):
-        ax.plot(lengths, [100 * results[label][n] for n in lengths], marker=marker,
+        ax.plot(lengths, [100 * results[label][n][0] for n in lengths], marker=marker,
                 label={"seq2seq": "seq2seq (fixed c)", "attention": "attention_seq2seq"}[label])
     ax.set_xlabel("source length n")
     ax.set_ylabel("sequence accuracy (%)")
@@ -161,9 +178,12 @@ def plot_alignment(plt, src, tokens, weights, path, task):
 
 
 def table(lengths, results):
-    lines = ["| source length | seq2seq (fixed c) | attention_seq2seq |", "|---:|---:|---:|"]
+    """Sequence accuracy of both models, then their token accuracy, per length."""
+    lines = ["| source length | seq2seq (fixed c) | attention_seq2seq | tokens: seq2seq | tokens: attention |",
+             "|---:|---:|---:|---:|---:|"]
     for n in lengths:
-        lines.append(f"| {n} | {100 * results['seq2seq'][n]:.1f} % | {100 * results['attention'][n]:.1f} % |")
+        (s_seq, s_tok), (a_seq, a_tok) = results["seq2seq"][n], results["attention"][n]
+        lines.append(f"| {n} | {100 * s_seq:.1f} % | {100 * a_seq:.1f} % | {100 * s_tok:.1f} % | {100 * a_tok:.1f} % |")
     return "\n".join(lines)
 
 
@@ -202,7 +222,7 @@ def main(argv=None):
         # held-out: seeds far from the training generator's
         results[label] = {n: accuracy(model, cfg, args.task, n, seed=10_000 + 97 * args.seed + n)
                           for n in cfg["eval_lengths"]}
-        print(f"  {label:9s} " + "  ".join(f"n={n}: {100 * a:.1f}%" for n, a in results[label].items()),
+        print(f"  {label:9s} " + "  ".join(f"n={n}: {100 * a:.1f}%" for n, (a, _) in results[label].items()),
               flush=True)
 
     lengths = list(cfg["eval_lengths"])
@@ -216,8 +236,11 @@ def main(argv=None):
         tokens, weights = models["attention"].greedy(src, cfg["symbols"], n, src_lengths)
     plot_alignment(plt, src[0].tolist(), tokens[0].tolist(), weights[0].numpy(),
                    args.out / "seq2seq_alignment.png", args.task)
+    on_target, mean_weight = alignment(models["attention"], cfg, args.task, n, seed=10_000 + 97 * args.seed + n)
     print()
     print(table(lengths, results))
+    print(f"\nattention at n={n}: the largest weight is on the position the task reads in "
+          f"{100 * on_target:.1f} % of the steps; mean weight there {mean_weight:.2f}")
     print(f"\nwall time {time.perf_counter() - began:.0f} s; figures in {args.out}")
     return results
 
