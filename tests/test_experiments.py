@@ -38,8 +38,9 @@ def test_seq2seq_attention_quick_run_writes_both_figures_and_a_table_of_finite_a
     assert result.returncode == 0, result.stderr
     for name in ("seq2seq_accuracy.png", "seq2seq_alignment.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
-    rows = re.findall(r"^\| (\d+) \| ([\d.]+) % \| ([\d.]+) % \|$", result.stdout, re.M)
-    assert [int(n) for n, _, _ in rows] == [3, 6]  # the quick configuration's lengths
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) % \| ([\d.]+) % \| ([\d.]+) % \| ([\d.]+) % \|$",
+                      result.stdout, re.M)
+    assert [int(n) for n, *_ in rows] == [3, 6]  # the quick configuration's lengths
     for _, *accuracies in rows:
         assert all(math.isfinite(float(a)) and 0 <= float(a) <= 100 for a in accuracies)
     assert "nan" not in result.stdout.lower()
