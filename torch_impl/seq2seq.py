@@ -162,7 +162,7 @@ def _scan(step, x, params, h0, lengths):
     """Run ``step`` over time; padded steps select the old state and a 0 output."""
     B, L, _ = x.shape
     Hs = params["w_hh"].shape[0]
-    h = x.new_zeros(B, Hs) if h0 is None else h0  # (B, Hs)
+    h = x.new_zeros(B, Hs) if h0 is None else h0.clone()  # (B, Hs); h_n is never h0 itself (L = 0)
     gi = x @ params["w_ih"] + params["b_ih"]  # (B, L, G): every input projected at once
     outputs = []
     for t in range(L):

@@ -148,6 +148,18 @@ def test_a_length_0_row_outputs_zeros_keeps_h0_and_passes_its_gradient_straight_
     assert torch.equal(d_x[1], torch.zeros(L, I, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("kind", ["gru", "rnn"])
+def test_an_empty_sequence_returns_h0_as_a_new_tensor(kind):
+    """``L = 0``: no step runs; ``h_n`` equals ``h0`` but is a new tensor
+    (SPEC 3.16: results are never the caller's own array)."""
+    gen = torch.Generator().manual_seed(7)
+    params = _params(kind, gen)
+    x, h0 = _randn(gen, B, 0, I), _randn(gen, B, HS)
+    out, h_n = getattr(torch_impl, kind)(x, params, h0)
+    assert out.shape == (B, 0, HS)
+    assert torch.equal(h_n, h0) and h_n.data_ptr() != h0.data_ptr()
+
+
 # --------------------------------------------------------------------------- cells
 
 
