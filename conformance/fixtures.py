@@ -417,7 +417,7 @@ def _members(entry: dict, refs: dict, wrt: list) -> dict:
         return expected
     outputs = entry["outputs"]
     for o in outputs:
-        expected[f"out/{o}"] = (None, _FLOATS | {"bool"}, None)
+        expected[f"out/{o}"] = (None, _FLOATS | {"bool", "int64"}, None)  # int64: greedy tokens
         if wrt:
             expected[f"cot/{o}"] = (None, _FLOATS, f"out/{o}")
     sections = ("grad", "grad_out_only") if wrt and len(outputs) > 1 else ("grad",)

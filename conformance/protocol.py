@@ -56,6 +56,10 @@ OUTPUTS = {
     "scaled_dot_product_attention": ("out", "weights"),
     "additive_attention": ("out", "weights"),
     "multi_head_attention": ("out", "weights"),
+    "rnn": ("out", "h_n"),
+    "gru": ("out", "h_n"),
+    "attention_seq2seq": ("out", "weights"),
+    "attention_seq2seq_greedy": ("out", "weights"),
 }
 
 

@@ -149,10 +149,13 @@ def _as_array(value, what: str, outcome: Outcome):
 
 
 def _dtype_problem(got: np.ndarray, want: np.ndarray) -> str | None:
-    """Masks must come back bool; numbers in any floating dtype (the protocol lets
-    adapters return float64 for every run, since numpy has no bfloat16)."""
+    """Masks must come back bool, token ids in an integer dtype; numbers in any
+    floating dtype (the protocol lets adapters return float64 for every run,
+    since numpy has no bfloat16)."""
     if want.dtype == bool:
         return None if got.dtype == bool else f"dtype {got.dtype}, expected bool"
+    if want.dtype.kind in "iu":
+        return None if got.dtype.kind in "iu" else f"dtype {got.dtype}, expected an integer dtype"
     if got.dtype.kind == "f" or got.dtype.name in HALF:
         return None
     return f"dtype {got.dtype}, expected a floating dtype"
@@ -180,7 +183,7 @@ def _compare(kind, name, value, want, dtype, reference_error, outcome) -> np.nda
         outcome.fail(f"{label}: {problem}")
         return None
     rtol, atol = bounds(dtype, kind, reference_error)
-    got = got.astype(np.float64) if got.dtype != bool else got
+    got = got.astype(np.float64) if want.dtype.kind == "f" else got  # bool and int: exact
     ratio, where = error_ratio(got, want, rtol, atol)
     error = max_error(got, want)
     outcome.worse(kind, ratio, {"array": name, "error": error, "reference_error": reference_error,

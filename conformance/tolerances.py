@@ -126,14 +126,14 @@ def error_ratio(got, want, rtol: float, atol: float) -> tuple[float, str]:
     """Worst ``|got - want| / (atol + rtol * |want|)`` and where it happens.
 
     ``got`` and ``want`` must have the same shape (the caller checks). Bool
-    arrays must match exactly (ratio 0 or inf).
+    and integer arrays (masks, token ids) must match exactly (ratio 0 or inf).
 
     Returns:
       ``(ratio, detail)``; ``detail`` locates the worst element, e.g.
       ``"at (1, 0, 3): got 0.51, want 0.5"``, or ``""`` when ratio is 0.
     """
     want = np.asarray(want)
-    if want.dtype == bool:
+    if want.dtype == bool or want.dtype.kind in "iu":
         bad = np.asarray(got) != want
         n = int(bad.sum())
         return (np.inf, f"{n} of {want.size} elements differ") if n else (0.0, "")

@@ -10,6 +10,11 @@ order). PyTorch's ``key_padding_mask`` and ``nn.MultiheadAttention``
 ``jax.nn.dot_product_attention`` splits heads as ``(B, L, H, Dh)``, ours as
 ``(B, H, L, Dh)``: ``heads_to_blhd`` / ``heads_from_blhd`` move between them.
 
+Recurrent cells: PyTorch's ``weight_ih (G, I)`` stacks the gates as row
+blocks (``nn.GRU``: ``[r; z; n]``); ours is ``w_ih = weight_ihᵀ (I, G)``, the
+gates as column blocks in the same order. ``nn.RNN`` / ``nn.GRU`` name them
+``weight_ih_l0``... (one layer), ``nn.RNNCell`` / ``nn.GRUCell`` ``weight_ih``...
+
 Every conversion is a pure ``jnp`` expression (concatenation, slicing,
 transposition, ``logical_not``) on JAX arrays, so it works under ``jit`` and
 ``jax.vjp`` flows through it: the gradients of a PyTorch-layout tree map to
@@ -17,7 +22,8 @@ ours with the same function. PyTorch is not imported; a state dict of torch
 tensors can be passed through ``numpy()`` first.
 
 Shape letters: ``B`` batch, ``H`` heads, ``L`` / ``Lq`` / ``Lk`` lengths,
-``D`` model width, ``Dh = D / H``, ``F`` feed-forward width.
+``D`` model width, ``Dh = D / H``, ``F`` feed-forward width, ``I`` input
+width, ``Hs`` hidden size, ``G = Hs`` (RNN) or ``3Hs`` (GRU).
 """
 from __future__ import annotations
 
@@ -36,6 +42,10 @@ __all__ = [
     "mask_to_torch",
     "heads_to_blhd",
     "heads_from_blhd",
+    "rnn_params_to_torch",
+    "rnn_params_from_torch",
+    "gru_params_to_torch",
+    "gru_params_from_torch",
 ]
 
 
@@ -200,3 +210,72 @@ def heads_from_blhd(x):
       ``(B, H, L, Dh)``.
     """
     return _core.heads_from_blhd(_OPS, x)
+
+
+def rnn_params_to_torch(params, cell=False):
+    """Canonical RNN-cell params -> ``nn.RNN`` (single layer) or ``nn.RNNCell`` state dict.
+
+    ``weight_ih = w_ihᵀ``, ``weight_hh = w_hhᵀ``, ``bias_ih = b_ih``,
+    ``bias_hh = b_hh``, keys with the suffix ``_l0`` for ``nn.RNN``.
+
+    Args:
+      params: ``{"w_ih": (I, Hs), "w_hh": (Hs, Hs), "b_ih": (Hs,), "b_hh": (Hs,)}``.
+      cell: False for ``nn.RNN(I, Hs, batch_first=True)``'s keys
+        (``weight_ih_l0``, ...), True for ``nn.RNNCell(I, Hs)``'s (``weight_ih``, ...).
+
+    Returns:
+      ``{"weight_ih[_l0]": (Hs, I), "weight_hh[_l0]": (Hs, Hs), "bias_ih[_l0]": (Hs,),
+      "bias_hh[_l0]": (Hs,)}``, JAX arrays.
+    """
+    return _core.rnn_params_to_torch(_OPS, params, cell)
+
+
+def rnn_params_from_torch(state):
+    """``nn.RNN`` (single layer, one direction) or ``nn.RNNCell`` state dict -> canonical params.
+
+    The inverse of ``rnn_params_to_torch``; the layout is read from the keys
+    (``weight_ih_l0``... or ``weight_ih``...). Also maps gradients.
+
+    Args:
+      state: the four entries (extra keys are ignored; a second layer or
+        direction is a ValueError), JAX arrays or array-likes.
+
+    Returns:
+      ``{"w_ih": (I, Hs), "w_hh": (Hs, Hs), "b_ih": (Hs,), "b_hh": (Hs,)}``.
+    """
+    return _core.rnn_params_from_torch(_OPS, state)
+
+
+def gru_params_to_torch(params, cell=False):
+    """Canonical GRU-cell params -> ``nn.GRU`` (single layer) or ``nn.GRUCell`` state dict.
+
+    ``weight_ih = w_ihᵀ (3Hs, I)``, ``weight_hh = w_hhᵀ (3Hs, Hs)``,
+    ``bias_ih = b_ih``, ``bias_hh = b_hh``: the gates ``[r | z | n]`` are
+    PyTorch's order already, so only the transpose moves anything.
+
+    Args:
+      params: ``{"w_ih": (I, 3Hs), "w_hh": (Hs, 3Hs), "b_ih": (3Hs,), "b_hh": (3Hs,)}``.
+      cell: False for ``nn.GRU(I, Hs, batch_first=True)``'s keys
+        (``weight_ih_l0``, ...), True for ``nn.GRUCell(I, Hs)``'s (``weight_ih``, ...).
+
+    Returns:
+      ``{"weight_ih[_l0]": (3Hs, I), "weight_hh[_l0]": (3Hs, Hs),
+      "bias_ih[_l0]": (3Hs,), "bias_hh[_l0]": (3Hs,)}``, JAX arrays.
+    """
+    return _core.gru_params_to_torch(_OPS, params, cell)
+
+
+def gru_params_from_torch(state):
+    """``nn.GRU`` (single layer, one direction) or ``nn.GRUCell`` state dict -> canonical params.
+
+    The inverse of ``gru_params_to_torch``; the layout is read from the keys
+    (``weight_ih_l0``... or ``weight_ih``...). Also maps gradients.
+
+    Args:
+      state: the four entries (extra keys are ignored; a second layer or
+        direction is a ValueError), JAX arrays or array-likes.
+
+    Returns:
+      ``{"w_ih": (I, 3Hs), "w_hh": (Hs, 3Hs), "b_ih": (3Hs,), "b_hh": (3Hs,)}``.
+    """
+    return _core.gru_params_from_torch(_OPS, state)

@@ -25,3 +25,4 @@ else:
     from .attention import *  # noqa: F401,F403
     from .layers import *  # noqa: F401,F403
     from .encoder import *  # noqa: F401,F403
+    from .seq2seq import *  # noqa: F401,F403

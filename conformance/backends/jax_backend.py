@@ -21,7 +21,17 @@ The mask and table constructors (``padding_mask``, ``causal_mask``,
 their output *shape* depends on their arguments (``max(lengths)``), which
 ``jit`` cannot trace, and the value rules (``0 <= lengths <= max_len``) need
 concrete arrays. Error cases of the other functions are traced like any
-other case, so their shape and dtype errors are raised at trace time.
+other case, so their shape and dtype errors are raised at trace time, except
+those of the functions whose rules also read array *values* (``VALUE_RULES``:
+``lengths`` in ``[0, L]``, token ids in ``[0, V)``), which wait for concrete
+arrays and so run eagerly: under ``jit`` those values are tracers.
+
+The recurrent functions (``rnn``, ``gru``, the encoder-decoders and the greedy
+decoders) need nothing of their own here: their int arrays (tokens,
+``lengths``) stay ints and are traced like the float ones, so new tokens or
+lengths of the same shape reuse the program; ``bos`` and ``max_len`` are
+Python ints, static; the greedy decoders have no ``wrt`` (token ids have no
+gradient) and return their ids as ints.
 """
 from __future__ import annotations
 
@@ -37,6 +47,11 @@ __all__ = ["JaxBackend"]
 #: functions whose output shape depends on argument values: run eagerly
 EAGER = frozenset(
     {"padding_mask", "causal_mask", "combine_masks", "mask_to_bias", "sinusoidal_encoding"}
+)
+#: functions whose bad-input rules read array values (lengths, token ids):
+#: their error cases run eagerly
+VALUE_RULES = frozenset(
+    {"rnn", "gru", "seq2seq", "attention_seq2seq", "seq2seq_greedy", "attention_seq2seq_greedy"}
 )
 
 
@@ -111,7 +126,7 @@ class JaxBackend(Backend):
         if not hasattr(self, "device"):
             self.setup()
         with jax.default_device(self.device), jax.default_matmul_precision("highest"):
-            if call.function in EAGER:
+            if call.function in EAGER or (dtype is None and call.function in VALUE_RULES):
                 kwargs = call.kwargs if dtype is None else with_dtype(call.kwargs, dtype)
                 arrays = _to_jax(kwargs, None if dtype is None else jax.numpy.dtype(dtype))
                 return Result(_to_numpy(_eager(call.function, arrays)))
@@ -176,7 +191,7 @@ def _forward_and_vjp(dynamic, cotangents, *, function, static, wrt):
     import jax_impl
 
     fn = getattr(jax_impl, function)
-    kwargs = {**dict(static), **dynamic}
+    kwargs = {**_static_kwargs(static), **dynamic}
 
     def forward(diff):
         kw = kwargs
@@ -207,15 +222,26 @@ def _eager(function, kwargs):
 
 
 def _split_static(kwargs):
-    """``(static, dynamic)``: Python config values (hashable, as a sorted tuple)
-    and everything holding arrays (arrays, dicts, lists, None)."""
+    """``(static, dynamic)``: Python config values (hashable, as a sorted tuple
+    of ``(name, type name, value)``) and everything holding arrays (arrays,
+    dicts, lists, None).
+
+    The type is part of the key: ``jit`` finds a compiled program by ``==`` of
+    its static arguments, and ``3.0 == 3``, so an error case passing
+    ``max_len=3.0`` would otherwise reuse the program traced for ``max_len=3``
+    and never reach the rule that refuses it.
+    """
     static, dynamic = [], {}
     for key, value in kwargs.items():
         if _is_config(value) and key not in VARARGS.values():
-            static.append((key, value))
+            static.append((key, type(value).__name__, value))
         else:
             dynamic[key] = value
     return tuple(sorted(static)), dynamic
+
+
+def _static_kwargs(static):
+    return {key: value for key, _, value in static}
 
 
 def _is_config(value):

@@ -7,12 +7,14 @@
   (sdpa, multi-head attention, encoder layer, encoder); it returns no
   ``"weights"``, so its gradients are those of ``sum(out * cot_out)`` alone.
 
-Every float leaf is converted to the dtype under test (bool and int leaves
-keep theirs; for error cases, ``dtype=None``, nothing is cast), the leaves
-named in ``Call.wrt`` get ``requires_grad``, and ``torch.autograd.grad`` of
-``sum(out * cot_out) + sum(weights * cot_weights)`` gives the gradients,
-returned in float64. float32 matmuls run at ``"highest"`` precision (no TF32)
-for the whole run: on a GPU the default would make the comparison meaningless.
+Every float leaf is converted to the dtype under test (bool and int leaves,
+masks, token ids and lengths, keep theirs; for error cases, ``dtype=None``,
+nothing is cast), the leaves named in ``Call.wrt`` get ``requires_grad``, and
+``torch.autograd.grad`` of ``sum(out * cot_out) + sum(weights * cot_weights)``
+(``rnn``/``gru``: ``out`` and ``h_n``) gives the gradients, returned in
+float64; greedy decoding's int tokens come back as ints. float32 matmuls run
+at ``"highest"`` precision (no TF32) for the whole run: on a GPU the default
+would make the comparison meaningless.
 """
 from __future__ import annotations
 

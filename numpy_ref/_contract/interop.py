@@ -14,7 +14,8 @@ Each mirror's ``interop.py`` binds the functions here to its library with an
 the public names, signatures and docstrings.
 
 Shape letters: ``B`` batch, ``Lq`` / ``Lk`` lengths, ``D`` model width,
-``F`` feed-forward width; ``3D`` is three ``D`` stacked.
+``F`` feed-forward width, ``I`` / ``Hs`` a recurrent cell's input width and
+hidden size; ``3D`` is three ``D`` stacked.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ __all__ = [
     "mha_params_to_torch", "mha_params_from_torch",
     "encoder_layer_params_to_torch", "encoder_layer_params_from_torch",
     "mask_from_torch", "mask_to_torch", "heads_to_blhd", "heads_from_blhd",
+    "RNN", "RNN_CELL", "GRU", "GRU_CELL",
+    "rnn_params_to_torch", "rnn_params_from_torch", "gru_params_to_torch", "gru_params_from_torch",
 ]
 
 
@@ -97,6 +100,26 @@ LAYER = {
     "norm2": (NORM, "norm2."),
 }
 
+
+
+def _cell(G: str, suffix: str) -> Block:
+    """A recurrent cell with ``G`` gate columns, under PyTorch's keys with ``suffix``.
+
+    PyTorch stores ``weight_ih (G, I)`` with the gates as row blocks (GRU:
+    ``[r; z; n]``); ours is its transpose ``w_ih (I, G)``, the gates as column
+    blocks in the same order, so one transpose maps them and no gate moves.
+    """
+    return Block(
+        shapes={"w_ih": ("I", G), "w_hh": ("Hs", G), "b_ih": (G,), "b_hh": (G,)},
+        torch={f"weight_ih{suffix}": ("w_ih",), f"weight_hh{suffix}": ("w_hh",),
+               f"bias_ih{suffix}": ("b_ih",), f"bias_hh{suffix}": ("b_hh",)},
+    )
+
+
+#: ``nn.RNN`` / ``nn.GRU`` (one layer, one direction: the ``_l0`` keys) and
+#: ``nn.RNNCell`` / ``nn.GRUCell`` (the same keys without the suffix)
+RNN, RNN_CELL = _cell("Hs", "_l0"), _cell("Hs", "")
+GRU, GRU_CELL = _cell("3Hs", "_l0"), _cell("3Hs", "")
 
 def _torch_shape(block: Block, key: str) -> tuple:
     """The shape letters of PyTorch entry ``key``: ``in_proj_weight`` -> ``("3D", "D")``."""
@@ -277,6 +300,78 @@ def encoder_layer_params_from_torch(ops: ArrayOps, state) -> dict:
         block_name: _block_from_torch(ops, block, state, prefix)
         for block_name, (block, prefix) in LAYER.items()
     }
+
+
+
+# --------------------------------------------------------------------------
+# recurrent cells: nn.RNN / nn.GRU (single layer) and nn.RNNCell / nn.GRUCell
+
+
+def _check_cell_params(checks, params, name: str, block: Block) -> None:
+    """A cell's four canonical arrays: keys, ``Hs`` from ``w_hh``, every shape, one dtype."""
+    checks.check_params(params, name, tuple(block.shapes))
+    checks.check_rank(params["w_hh"], f"{name}.w_hh", block.shapes["w_hh"])
+    _check_shapes(
+        checks,
+        {f"{name}.{key}": params[key] for key in block.shapes},
+        {f"{name}.{key}": letters for key, letters in block.shapes.items()},
+        {"Hs": int(params["w_hh"].shape[0])},
+    )
+    checks.check_same_float_dtype({f"{name}.{key}": params[key] for key in block.shapes})
+
+
+def _cell_state_block(checks, state, name: str, layer: Block, cell: Block, module: str) -> Block:
+    """Which of the two layouts ``state`` is: the layer's ``_l0`` keys, or the cell's.
+
+    A deeper or bidirectional module (``weight_ih_l1``, ``..._reverse``) is
+    refused: reading its first layer alone would drop the rest silently.
+    """
+    extra = sorted(k for k in state if isinstance(k, str) and k.startswith("weight_ih_l") and k not in layer.torch)
+    if extra:
+        raise ValueError(f"{name}: expected a single-layer, unidirectional nn.{module} state dict, "
+                         f"got also {extra}")
+    if all(key in state for key in layer.torch) or next(iter(cell.torch)) not in state:
+        checks.check_params(state, name, tuple(layer.torch))
+        return layer
+    checks.check_params(state, name, tuple(cell.torch))
+    return cell
+
+
+def _cell_params_from_torch(ops: ArrayOps, state, layer: Block, cell: Block, module: str) -> dict:
+    checks = ops.checks
+    if not hasattr(state, "keys"):
+        checks.check_params(state, "state", tuple(layer.torch))  # the TypeError naming the keys
+    block = _cell_state_block(checks, state, "state", layer, cell, module)
+    state = _as_arrays(ops, state, tuple(block.torch))
+    w_hh = next(k for k in block.torch if k.startswith("weight_hh"))
+    letters = {f"state[{key}]": _torch_shape(block, key) for key in block.torch}
+    checks.check_rank(state[w_hh], f"state[{w_hh}]", letters[f"state[{w_hh}]"])
+    _check_shapes(checks, {f"state[{key}]": state[key] for key in block.torch}, letters,
+                  {"Hs": int(state[w_hh].shape[1])})
+    checks.check_same_float_dtype({f"state[{key}]": state[key] for key in block.torch})
+    return _block_from_torch(ops, block, state)
+
+
+def rnn_params_to_torch(ops: ArrayOps, params, cell: bool = False) -> dict:
+    """Canonical RNN-cell params -> ``nn.RNN`` (or, ``cell=True``, ``nn.RNNCell``) state dict."""
+    _check_cell_params(ops.checks, params, "params", RNN)
+    return _block_to_torch(ops, RNN_CELL if cell else RNN, params)
+
+
+def rnn_params_from_torch(ops: ArrayOps, state) -> dict:
+    """``nn.RNN`` (single layer) or ``nn.RNNCell`` state dict -> canonical RNN-cell params."""
+    return _cell_params_from_torch(ops, state, RNN, RNN_CELL, "RNN")
+
+
+def gru_params_to_torch(ops: ArrayOps, params, cell: bool = False) -> dict:
+    """Canonical GRU-cell params -> ``nn.GRU`` (or, ``cell=True``, ``nn.GRUCell``) state dict."""
+    _check_cell_params(ops.checks, params, "params", GRU)
+    return _block_to_torch(ops, GRU_CELL if cell else GRU, params)
+
+
+def gru_params_from_torch(ops: ArrayOps, state) -> dict:
+    """``nn.GRU`` (single layer) or ``nn.GRUCell`` state dict -> canonical GRU-cell params."""
+    return _cell_params_from_torch(ops, state, GRU, GRU_CELL, "GRU")
 
 
 def _check_torch_mask(kind, mask, name: str) -> None:

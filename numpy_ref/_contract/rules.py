@@ -28,7 +28,8 @@ import numpy as np
 
 __all__ = [
     "MHA_KEYS", "ADDITIVE_KEYS", "LAYER_NORM_KEYS", "FEED_FORWARD_KEYS", "LAYER_KEYS",
-    "ENCODER_KEYS", "DROPOUT_SITES", "ACTIVATIONS", "WIDTHS", "ArrayRules", "shape_str", "rng_error",
+    "ENCODER_KEYS", "DROPOUT_SITES", "ACTIVATIONS", "WIDTHS", "CELL_KEYS", "SEQ2SEQ_KEYS",
+    "ArrayRules", "shape_str", "rng_error",
 ]
 
 # --------------------------------------------------------------------------
@@ -42,14 +43,22 @@ LAYER_KEYS = ("self_attn", "ffn", "norm1", "norm2")
 ENCODER_KEYS = ("layers",)  # and "norm", optional
 DROPOUT_SITES = ("attention", "ffn", "residual_attn", "residual_ffn")
 ACTIVATIONS = ("relu", "gelu")
+CELL_KEYS = ("w_ih", "w_hh", "b_ih", "b_hh")  # an RNN or GRU cell
+SEQ2SEQ_KEYS = ("src_embed", "tgt_embed", "encoder", "decoder", "out")  # and "attention", with attention
 
 #: shape letters of widths: never 0 (a batch or length axis may be)
-WIDTHS = frozenset({"D", "Dk", "Dv", "Dq", "Dh", "A", "F", "D_in", "D_out"})
+WIDTHS = frozenset({"D", "Dk", "Dv", "Dq", "Dh", "A", "F", "D_in", "D_out",
+                    "I", "Hs", "3Hs", "2Hs", "E", "E+Hs", "Vs", "Vt"})
 
 _MHA = {k: ("D", "D") if k.startswith("w") else ("D",) for k in MHA_KEYS}
 _FFN = {"w_1": ("D", "F"), "b_1": ("F",), "w_2": ("F", "D"), "b_2": ("D",)}
 _NORM = {"gamma": ("D",), "beta": ("D",)}
 _ADDITIVE = {"w_1": ("Dk", "A"), "w_2": ("Dq", "A"), "v": ("A",)}
+#: a recurrent cell, G = Hs (RNN) or 3Hs (GRU: the gates [r | z | n] side by side)
+_CELL = {"w_hh": ("Hs", "G"), "w_ih": ("I", "G"), "b_ih": ("G",), "b_hh": ("G",)}
+_EMBED = {"src_embed": ("Vs", "E"), "tgt_embed": ("Vt", "E")}
+_OUT = {"w": ("2Hs", "Vt"), "b": ("Vt",)}
+_BAHDANAU = {"w_1": ("Hs", "A"), "w_2": ("Hs", "A"), "v": ("A",)}  # additive attention, Dk = Dq = Hs
 
 
 # --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 import numpy_ref
 from conformance import fixtures as fixtures_module
-from conformance.cases import CASES, COMPONENTS, cases, component
+from conformance.cases import CASES, COMPONENTS, NOT_DIFFERENTIABLE, cases, component
 from conformance.fixtures import (
     DEFAULT_DIR, MAX_FILE_BYTES, FixtureError, ManifestError, case_file, load_fixture, load_manifest,
 )
@@ -54,7 +54,7 @@ def test_every_value_case_differentiates_every_float_input():
     for case in cases(error=False):
         call = case.call()
         floats = {n for n, a in flatten(call.kwargs).items() if isinstance(a, np.ndarray) and a.dtype.kind == "f"}
-        assert set(call.wrt) == floats, case.name
+        assert set(call.wrt) == (set() if case.function in NOT_DIFFERENTIABLE else floats), case.name
         assert bool(call.cotangents) == bool(call.wrt), case.name
 
 

@@ -53,6 +53,17 @@ STATIC = {
     "encoder": ("num_heads", "norm_first", "activation", "eps", "dropout_p"),
     "init_encoder_layer": ("d_model", "d_ff", "dtype"),
     "init_encoder": ("num_layers", "d_model", "d_ff", "final_norm", "dtype"),
+    "rnn_cell": (),
+    "gru_cell": (),
+    "rnn": (),
+    "gru": (),
+    "seq2seq": (),
+    "attention_seq2seq": (),
+    "seq2seq_greedy": ("bos", "max_len"),
+    "attention_seq2seq_greedy": ("bos", "max_len"),
+    "init_rnn": ("input_size", "hidden_size", "dtype"),
+    "init_gru": ("input_size", "hidden_size", "dtype"),
+    "init_seq2seq": ("src_vocab", "tgt_vocab", "embed_dim", "hidden_size", "attention_dim", "dtype"),
 }
 
 

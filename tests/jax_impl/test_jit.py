@@ -88,10 +88,40 @@ def _calls(rng):
         "mask_to_torch": ((_pad([3, 7]),), {}),
         "heads_to_blhd": ((_n(rng, B, H, LQ, DH),), {}),
         "heads_from_blhd": ((_n(rng, B, LQ, H, DH),), {}),
+        **_seq2seq_calls(rng, key),
     }
 
 
-MODULES = ("masks", "positional", "attention", "layers", "encoder")
+def _seq2seq_calls(rng, key):
+    """The recurrent functions (jax_impl/seq2seq.py) and their interop; sizes
+    as tests/jax_impl/test_seq2seq.py (I=4, Hs=6, E=7, A=8, Vt=10, Vs=11)."""
+    I, Hs, E, Vt, Vs = 4, 6, 7, 10, 11
+    gru, rnn = nr.init_gru(rng, I, Hs), nr.init_rnn(rng, I, Hs)
+    s2s = nr.init_seq2seq(rng, Vs, Vt, E, Hs, A)
+    plain = {k: v for k, v in s2s.items() if k != "attention"}
+    src, tgt_in, src_lengths = rng.integers(0, Vs, (B, LK)), rng.integers(0, Vt, (B, LQ)), np.array([0, 3])
+    return {
+        "rnn_cell": ((), {"x": _n(rng, B, I), "h": _n(rng, B, Hs), "params": rnn}),
+        "gru_cell": ((), {"x": _n(rng, B, I), "h": _n(rng, B, Hs), "params": gru}),
+        "rnn": ((), {"x": _n(rng, B, LQ, I), "params": rnn, "h0": _n(rng, B, Hs), "lengths": np.array([5, 1])}),
+        "gru": ((), {"x": _n(rng, B, LQ, I), "params": gru, "lengths": np.array([0, 4])}),
+        "seq2seq": ((), {"src": src, "tgt_in": tgt_in, "params": plain, "src_lengths": src_lengths}),
+        "attention_seq2seq": ((), {"src": src, "tgt_in": tgt_in, "params": s2s, "src_lengths": src_lengths}),
+        "seq2seq_greedy": ((), {"src": src, "params": plain, "bos": 1, "max_len": 3}),
+        "attention_seq2seq_greedy": ((), {"src": src, "params": s2s, "bos": 1, "max_len": 3,
+                                          "src_lengths": src_lengths}),
+        "init_rnn": ((key,), {"input_size": I, "hidden_size": Hs}),
+        "init_gru": ((key,), {"input_size": I, "hidden_size": Hs}),
+        "init_seq2seq": ((key,), {"src_vocab": Vs, "tgt_vocab": Vt, "embed_dim": E, "hidden_size": Hs,
+                                  "attention_dim": A}),
+        "rnn_params_to_torch": ((rnn,), {}),
+        "rnn_params_from_torch": ((nr_interop.rnn_params_to_torch(rnn, cell=True),), {}),
+        "gru_params_to_torch": ((gru,), {}),
+        "gru_params_from_torch": ((nr_interop.gru_params_to_torch(gru),), {}),
+    }
+
+
+MODULES = ("masks", "positional", "attention", "layers", "encoder", "seq2seq")
 PUBLIC = sorted(
     [name for m in MODULES for name in importlib.import_module(f"jax_impl.{m}").__all__]
     + list(interop.__all__)

@@ -72,6 +72,9 @@ def test_outputs_and_gradients_keep_the_input_dtype(case, dtype):
 
     out, grads = jax.eval_shape(forward_and_vjp, diff) if diff else (jax.eval_shape(lambda: forward({})), {})
     for name, value in name_outputs(call.function, out).items():
+        if call.function.endswith("_greedy") and name == "out":  # token ids: an int dtype
+            assert jnp.issubdtype(value.dtype, jnp.integer), f"{name}: {value.dtype}"
+            continue
         assert value.dtype in (dtype, jnp.bool_), f"{name}: {value.dtype}"
     for name, value in grads.items():
         assert value.dtype == dtype and value.shape == diff[name].shape, f"{name}: {value.dtype} {value.shape}"
