@@ -48,6 +48,7 @@ R = np.random.default_rng(20240601)
 B, H, LQ, LK, DK, DV = 2, 2, 3, 4, 5, 6  # sdpa
 D, F, L = 6, 7, 3  # mha, layers, encoder: H = 2, Dh = 3
 DQ, DKA, A = 5, 6, 7  # additive attention
+I, HS, E, VS, VT, T = 4, 5, 3, 9, 8, 2  # recurrent: input, hidden, embedding, vocabularies, target steps
 
 
 class Dtype(str):
@@ -96,6 +97,21 @@ def _inf_where_dropped():
 
 _inf_where_dropped.keep = keep(B, L, D)
 
+
+def cell_params(inputs, gates):
+    return {"w_ih": f(inputs, gates * HS), "w_hh": f(HS, gates * HS), "b_ih": f(gates * HS), "b_hh": f(gates * HS)}
+
+
+def s2s_params(attention):
+    params = {"src_embed": f(VS, E), "tgt_embed": f(VT, E), "encoder": cell_params(E, 3),
+              "decoder": cell_params(E + HS, 3), "out": {"w": f(2 * HS, VT), "b": f(VT)}}
+    if attention:
+        params["attention"] = {"w_1": f(HS, A), "w_2": f(HS, A), "v": f(A)}
+    return params
+
+
+SRC, TGT_IN = R.integers(0, VS, (B, L)), R.integers(0, VT, (B, T))
+
 #: (function, kwargs, {argument: the shape an optional mask/bias broadcasts to})
 BASE = [
     ("padding_mask", {"lengths": np.array([2, 4]), "max_len": 5}, {}),
@@ -143,6 +159,20 @@ BASE = [
     ("init_encoder_layer", {"rng": Rng(), "d_model": D, "d_ff": F, "dtype": Dtype("float64")}, {}),
     ("init_encoder", {"rng": Rng(), "num_layers": 2, "d_model": D, "d_ff": F, "final_norm": True,
                       "dtype": Dtype("float64")}, {}),
+    ("rnn_cell", {"x": f(B, I), "h": f(B, HS), "params": cell_params(I, 1)}, {}),
+    ("gru_cell", {"x": f(B, I), "h": f(B, HS), "params": cell_params(I, 3)}, {}),
+    ("rnn", {"x": f(B, L, I), "params": cell_params(I, 1), "h0": f(B, HS), "lengths": np.array([3, 1])}, {}),
+    ("gru", {"x": f(B, L, I), "params": cell_params(I, 3), "h0": None, "lengths": np.array([0, 3])}, {}),
+    ("seq2seq", {"src": SRC, "tgt_in": TGT_IN, "params": s2s_params(False), "src_lengths": np.array([3, 2])}, {}),
+    ("attention_seq2seq", {"src": SRC, "tgt_in": TGT_IN, "params": s2s_params(True), "src_lengths": None}, {}),
+    ("seq2seq_greedy", {"src": SRC, "params": s2s_params(False), "bos": 1, "max_len": 3,
+                        "src_lengths": np.array([1, 3])}, {}),
+    ("attention_seq2seq_greedy", {"src": SRC, "params": s2s_params(True), "bos": 0, "max_len": 2,
+                                  "src_lengths": np.array([3, 0])}, {}),
+    ("init_rnn", {"rng": Rng(), "input_size": I, "hidden_size": HS, "dtype": Dtype("float64")}, {}),
+    ("init_gru", {"rng": Rng(), "input_size": I, "hidden_size": HS, "dtype": Dtype("float64")}, {}),
+    ("init_seq2seq", {"rng": Rng(), "src_vocab": VS, "tgt_vocab": VT, "embed_dim": E, "hidden_size": HS,
+                      "attention_dim": A, "dtype": Dtype("float64")}, {}),
 ]
 
 PUBLIC = {name for name, _, _ in BASE}
@@ -153,9 +183,10 @@ assert PUBLIC == {n for n in nr.__dict__ if callable(getattr(nr, n)) and not n.s
 # breaking one argument
 
 #: arguments that may be None (None is then a valid value, not a bad one)
-OPTIONAL = {"mask", "bias", "scale", "dropout_mask", "dropout_masks", "b", "Lk", "max_len", "lengths", "tokens"}
+OPTIONAL = {"mask", "bias", "scale", "dropout_mask", "dropout_masks", "b", "Lk", "max_len", "lengths", "tokens",
+            "h0", "src_lengths", "attention_dim"}
 #: arrays that may also come as (nested) lists
-LISTABLE = {"lengths", "tokens", "masks", "mask_to_bias.mask"}
+LISTABLE = {"lengths", "tokens", "masks", "mask_to_bias.mask", "src", "tgt_in", "src_lengths"}
 #: the arguments whose rank is free (any leading axes)
 ANY_RANK = {"softmax.x", "dropout.x", "dropout.mask", "linear.x", "layer_norm.x", "feed_forward.x"}
 
@@ -182,6 +213,13 @@ SCALARS = {
     "d_query": (BAD_COUNTS + [0], [1, 3]),
     "d_key": (BAD_COUNTS + [0], [1, 3]),
     "d_attn": (BAD_COUNTS + [0], [1, 3]),
+    "input_size": (BAD_COUNTS + [0], [1, 3]),
+    "hidden_size": (BAD_COUNTS + [0], [1, 3]),
+    "src_vocab": (BAD_COUNTS + [0], [1, 3]),
+    "tgt_vocab": (BAD_COUNTS + [0], [1, 3]),
+    "embed_dim": (BAD_COUNTS + [0], [1, 3]),
+    "attention_dim": (BAD_COUNTS + [0], [1, 3, None]),
+    "bos": ([None, 1.5, "0", True, [0], -1, VT], [0, VT - 1, np.int64(2)]),
 }
 
 
@@ -552,9 +590,14 @@ def _cotangent(function, kwargs):
     return np.ones_like(out)
 
 
+#: functions whose cotangent pair may hold None in either place: (d_outputs, d_h_n)
+EITHER_MAY_BE_NONE = {"rnn", "gru"}
+
+
 @st.composite
-def bad_cotangents(draw, d_out):
-    kind = draw(st.sampled_from(["dtype", "shape", "list", "none", "rank", "pair-length"]))
+def bad_cotangents(draw, d_out, function=""):
+    kinds = ["dtype", "shape", "list", "rank", "pair-length"]
+    kind = draw(st.sampled_from(kinds if function in EITHER_MAY_BE_NONE else kinds + ["none"]))
     first = d_out[0] if isinstance(d_out, tuple) else d_out
     if kind == "dtype":
         bad = _cast(first, draw(st.sampled_from(["float32", "float16", "int64", "bool", "complex128", "object"])))
@@ -607,11 +650,11 @@ def test_numpy_ref_refuses_alike_in_the_forward_and_the_backward_and_names_a_bad
     else:
         assert backward[0] == "ok", f"{function}_backward ({family}): {backward}"
         agreed(forward, 2)
-        bad = data.draw(bad_cotangents(d_out))
+        bad = data.draw(bad_cotangents(d_out, function))
         refused = numpy_mirror.run(function + "_backward", {"d_out": bad, **kwargs})
         counts["invalid"] += 1
         assert refused[0] == "raise", f"{function}_backward accepted a bad d_out"
-        problem = _refused_properly(refused, function + "_backward", extra=("d_weights",))
-        assert problem is None and re.match(r"^d_(out|weights)\b", refused[2]), problem or refused[2]
+        problem = _refused_properly(refused, function + "_backward", extra=("d_weights", "d_h_n"))
+        assert problem is None and re.match(r"^d_(out|weights|h_n)\b", refused[2]), problem or refused[2]
         agreed(refused)
     record_property("calls", counts["calls"])
