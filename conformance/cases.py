@@ -114,6 +114,17 @@ class Case:
     note: str = ""
     zero_grads: tuple[tuple[str, str], ...] = ()
 
+    def __post_init__(self):
+        # the fixture reader refuses any other name (conformance.fixtures._NAME):
+        # refuse it here, where the case is written, not when its fixture is read
+        from .fixtures import _MAX_NAME, _NAME
+
+        if len(self.name) > _MAX_NAME or not _NAME.fullmatch(self.name):
+            raise ValueError(f"case name {self.name!r}: expected lowercase 'component/variant[/...]' "
+                             f"(pattern {_NAME.pattern}, at most {_MAX_NAME} characters)")
+        if self.function not in MODULES:
+            raise ValueError(f"case {self.name!r}: function {self.function!r} is not in MODULES")
+
     @property
     def seed(self) -> int:
         return zlib.crc32(self.name.encode())

@@ -35,7 +35,7 @@ import time
 import numpy as np
 import pytest
 
-from conformance.cases import CASES_BY_NAME, cases
+from conformance.cases import CASES_BY_NAME, Case, cases
 from conformance.invoke import numpy_backward, numpy_forward
 from conformance.protocol import Call, flatten
 
@@ -459,3 +459,10 @@ def test_every_value_case_is_bitwise_deterministic(backend_name):
         backend.teardown()
     print(f"{backend_name}: {sum(map(len, by_function.values()))} cases x 2 dtypes x 2 runs "
           f"in {time.perf_counter() - start:.1f} s")
+
+
+@pytest.mark.parametrize("name", ["seq2seq/plain/T1", "Sdpa/cross", "sdpa", "sdpa/ cross", "sdpa/cross/" + "x" * 200])
+def test_a_case_the_fixture_reader_would_refuse_is_refused_when_written(name):
+    """A capital letter once made a case generate and then vanish from `-k` runs."""
+    with pytest.raises(ValueError, match="case name"):
+        Case(name, "scaled_dot_product_attention", lambda r: {})
