@@ -27,7 +27,7 @@ from collections import defaultdict
 
 from .cases import COMPONENTS
 from .runner import difference_status, verdict
-from .tolerances import ATOL_FLOOR, CLASSES, K, LOW_DTYPES, RTOL_FLOOR, TOLERANCES
+from .tolerances import ATOL_FLOOR, CLASSES, K, LOW_DTYPES, RTOL_FLOOR, TOLERANCES, ZERO_FACTOR
 
 __all__ = ["Progress", "format_table", "failures", "coverage_lines", "verdict_lines", "difference_lines",
            "peer_markdown", "write_json", "write_junit"]
@@ -221,7 +221,8 @@ def _dtype_header(dtype):
         f"{dtype}: worst error ratio |got-want| / allowed, pass iff <= 1; allowed = "
         f"max({ATOL_FLOOR[dtype]:.2g}, k x reference error) + {RTOL_FLOOR[dtype]:.2g} x |want| "
         f"(k = {k['out']:g} for outputs, {k['grad']:g} for gradients; reference error: numpy_ref in {dtype} "
-        f"vs the float64 fixture, stored per array)"
+        f"vs the float64 fixture, stored per array); an identically zero expected array: allowed = "
+        f"{'' if ZERO_FACTOR == 1 else f'{ZERO_FACTOR:g} x '}u x S, S the case's largest |want| of that kind"
     )
 
 
@@ -322,6 +323,9 @@ def write_json(path, outcomes, broken, backends_info, seconds, problems=(), back
         "tolerances": TOLERANCES,
         "reference_relative": {
             "formula": "|got - want| <= max(atol_floor, k * reference_error) + rtol_floor * |want|",
+            "zero_array_formula": "an identically zero want: |got| <= max(atol_floor, zero_factor * rtol_floor * S), "
+                                  "S = max finite |want| over the case's arrays of the same kind (zero_scale)",
+            "zero_factor": ZERO_FACTOR,
             "k": {d: K[d] for d in LOW_DTYPES},
             "atol_floor": {d: ATOL_FLOOR[d] for d in LOW_DTYPES},
             "rtol_floor": {d: RTOL_FLOOR[d] for d in LOW_DTYPES},

@@ -31,7 +31,7 @@ import numpy as np
 
 from .fixtures import DEFAULT_DIR, Fixture, FixtureError, load_fixture, load_manifest
 from .protocol import Backend
-from .tolerances import bounds, describe, error_ratio, max_error
+from .tolerances import bounds, describe, error_ratio, max_error, zero_scale
 
 __all__ = [
     "Outcome", "Broken", "Session", "load_all", "check_case", "check_error", "run",
@@ -166,11 +166,13 @@ def _reference_error(fixture: Fixture, dtype: str, section: str, name: str) -> f
     return fixture.reference_error.get(dtype, {}).get(section, {}).get(name)
 
 
-def _compare(kind, name, value, want, dtype, reference_error, outcome) -> np.ndarray | None:
+def _compare(kind, name, value, want, dtype, reference_error, outcome, scale=None) -> np.ndarray | None:
     """Compare one output or gradient; record the ratio or a problem. The array, if usable.
 
-    The bound is :func:`conformance.tolerances.bounds` of ``dtype``, ``kind``
-    and the array's ``reference_error`` (ignored in float64)."""
+    The bound is :func:`conformance.tolerances.bounds` of ``dtype``, ``kind``,
+    the array's ``reference_error`` and ``scale`` (``S`` when ``want`` is
+    identically zero, :func:`conformance.tolerances.zero_scale`; both
+    ignored in float64)."""
     label = f"{'output' if kind == 'out' else 'grad'} {name}"
     got = _as_array(value, label, outcome)
     if got is None:
@@ -182,19 +184,21 @@ def _compare(kind, name, value, want, dtype, reference_error, outcome) -> np.nda
     if problem:
         outcome.fail(f"{label}: {problem}")
         return None
-    rtol, atol = bounds(dtype, kind, reference_error)
+    rtol, atol = bounds(dtype, kind, reference_error, scale)
     got = got.astype(np.float64) if want.dtype.kind == "f" else got  # bool and int: exact
     ratio, where = error_ratio(got, want, rtol, atol)
     error = max_error(got, want)
-    outcome.worse(kind, ratio, {"array": name, "error": error, "reference_error": reference_error,
-                                "atol": atol, "rtol": rtol})
+    worst = {"array": name, "error": error, "reference_error": reference_error, "atol": atol, "rtol": rtol}
+    if scale is not None:
+        worst["zero_scale"] = scale
+    outcome.worse(kind, ratio, worst)
     if kind == "out":
         outcome.outputs_checked += 1
     else:
         outcome.grads_checked += 1
     if not ratio <= 1.0:
         ref = "" if reference_error is None else f" vs reference err {reference_error:.2g}"
-        outcome.fail(f"{label}: max err {error:.2g}{ref} ({describe(dtype, kind, reference_error)}), "
+        outcome.fail(f"{label}: max err {error:.2g}{ref} ({describe(dtype, kind, reference_error, scale)}), "
                      f"error ratio {ratio:.3g} > 1 {where}")
     return got
 
@@ -205,8 +209,10 @@ def _ignored_weights_hint(fixture: Fixture, got: dict, dtype: str) -> str | None
     if not fixture.grads_out_only or not got:
         return None
     for name, value in got.items():
-        rtol, atol = bounds(dtype, "grad", _reference_error(fixture, dtype, "grad_out_only", name))
-        if error_ratio(value, fixture.grads_out_only[name], rtol, atol)[0] > 1.0:
+        want = fixture.grads_out_only[name]
+        rtol, atol = bounds(dtype, "grad", _reference_error(fixture, dtype, "grad_out_only", name),
+                            zero_scale(want, fixture.grads_out_only.values()))
+        if error_ratio(value, want, rtol, atol)[0] > 1.0:
             return None
     return ("hint: these gradients match those of sum(out * cotangents['out']) alone: "
             "the adapter returned weights but ignored cotangents['weights']")
@@ -244,7 +250,8 @@ def check_case(backend: Backend, fixture: Fixture, dtype: str) -> Outcome:
             outcome.fail(f"output {name}: missing (got {sorted(outputs)})")
             continue
         before = len(outcome.problems)
-        _compare("out", name, outputs[name], want, dtype, _reference_error(fixture, dtype, "out", name), outcome)
+        _compare("out", name, outputs[name], want, dtype, _reference_error(fixture, dtype, "out", name), outcome,
+                 zero_scale(want, fixture.outputs.values()))
         _record_check(outcome, f"output:{name}", before)
     if not want_grads:
         return outcome
@@ -257,7 +264,8 @@ def check_case(backend: Backend, fixture: Fixture, dtype: str) -> Outcome:
             continue
         before = len(outcome.problems)
         got = _compare("grad", name, grads[name], expected[name], dtype,
-                       _reference_error(fixture, dtype, section, name), outcome)
+                       _reference_error(fixture, dtype, section, name), outcome,
+                       zero_scale(expected[name], expected.values()))
         _record_check(outcome, f"grad:{name}", before)
         if got is not None:
             compared[name] = got

@@ -29,7 +29,8 @@ from conformance.generate import REFERENCE_NOISE, _round_up, generate, reference
 from conformance.protocol import Call
 from conformance.runner import check_case, load_all
 from conformance.tolerances import (
-    ATOL_FLOOR, EPS, K, LOW_DTYPES, RTOL_FLOOR, TOLERANCES, bounds, error_ratio, tolerance,
+    ATOL_FLOOR, EPS, K, LOW_DTYPES, RTOL_FLOOR, TOLERANCES, ZERO_FACTOR, bounds, error_ratio, tolerance,
+    zero_scale,
 )
 
 VALUE = "sdpa/cross/none"  # two outputs, gradients, a grad_out_only section
@@ -80,6 +81,64 @@ def test_a_low_dtype_needs_a_finite_reference_error(bad):
         bounds("bfloat16", "out", bad)
     with pytest.raises(KeyError, match="bounds"):
         tolerance("bfloat16", "out")
+
+
+# --------------------------------------------------------------------------
+# identically zero arrays: judged at the case's scale
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_an_identically_zero_array_is_bounded_by_u_times_the_case_scale(dtype):
+    u = RTOL_FLOOR[dtype]
+    for ref in (0.0, 1e-3):  # the reference error plays no part
+        assert bounds(dtype, "grad", ref, zero_scale=7.0) == (u, ZERO_FACTOR * u * 7.0)
+    assert bounds(dtype, "out", 0.0, zero_scale=1e-9) == (u, ATOL_FLOOR[dtype])  # never below the floor
+    assert bounds("float64", "grad", None, zero_scale=7.0) == TOLERANCES["float64"]["grad"]
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="zero_scale"):
+            bounds(dtype, "grad", 0.0, zero_scale=bad)
+
+
+def test_zero_scale_is_the_largest_finite_value_of_the_same_kind_only_for_an_all_zero_array():
+    zero, other = np.zeros((2, 3)), np.array([[0.5, -4.0], [np.inf, np.nan]])
+    assert zero_scale(zero, [zero, other]) == 4.0  # infinities and NaN skipped
+    assert zero_scale(zero, [zero, np.ones(2, bool) * True, np.array([-0.25])]) == 0.25  # bool skipped
+    assert zero_scale(np.array([0.0, 1e-300]), [other]) is None  # not identically zero
+    assert zero_scale(zero, [zero]) is None  # nothing sets a scale: the floor applies
+    assert zero_scale(np.zeros(0), [other]) is None
+    assert zero_scale(np.zeros(3, bool), [other]) is None
+
+
+def test_the_runner_judges_a_zero_gradient_at_u_times_the_case_scale():
+    """mha/length1/key+padding: one visible key, so the gradients w.r.t. the
+    query side are identically 0 (``Case.zero_grads``); noise below u x S
+    passes, above it fails with a line that says how the bound was made."""
+    from conformance.backends.numpy_backend import NumpyBackend
+
+    fixture = load_fixture(next(e for e in load_manifest()["cases"] if e["name"] == "mha/length1/key+padding"))
+    assert not np.any(fixture.grads["query"]) and np.any(fixture.grads["value"])
+    scale = max(float(np.max(np.abs(g))) for g in fixture.grads.values())
+
+    class Noisy(NumpyBackend):
+        name = "numpy-noisy"
+        noise = 0.0
+
+        def run(self, call, dtype):
+            result = super().run(call, dtype)
+            result.grads["query"] = np.asarray(result.grads["query"], np.float64) + self.noise
+            return result
+
+    backend = Noisy()
+    u = RTOL_FLOOR["float32"]
+    backend.noise = 0.9 * ZERO_FACTOR * u * scale  # far above the absolute floor u/16, within u x S
+    outcome = check_case(backend, fixture, "float32")
+    assert outcome.status == "pass", outcome.problems
+    backend.noise = 1.1 * ZERO_FACTOR * u * scale
+    outcome = check_case(backend, fixture, "float32")
+    assert outcome.status == "fail"
+    assert outcome.grad_worst["array"] == "query" and outcome.grad_worst["zero_scale"] == scale
+    assert outcome.grad_ratio == pytest.approx(1.1)
+    assert "zero array: allowed" in outcome.problems[0] and "u x S" in outcome.problems[0]
 
 
 def test_round_up_keeps_two_significant_digits_and_never_rounds_down():
@@ -362,18 +421,54 @@ def _run_bf16(backend, fixtures):
         backend.teardown()
 
 
-def test_softmax_in_bfloat16_fails_on_sdpa_and_mha_cases_the_real_adapter_passes():
+#: the cases the bfloat16-softmax mutant fails, measured (bfloat16, CPU;
+#: docs/CONFORMANCE.md "Tolerances"): worst ratio of outputs / gradients
+MUTANT_FAILS = {
+    # scores carry a common +-96 offset: a bfloat16 score there is spaced 0.5,
+    # so exp(s - max) is off by up to e^0.25 (outputs 10.6 / 11.1, weights)
+    "sdpa/cross/offset-bias": "out",
+    "mha/cross/offset-bias": "out",
+    # the key bias b_k: its true gradient is 0 (1e-16) as the rows of ds sum
+    # to 0, to float32 precision with a float32 softmax, to bfloat16 noise
+    # with a bfloat16 one (grad b_k 1.55)
+    "encoder_layer/post/dropout": "grad",
+    # an output with fully masked rows (1.16: the scores here are small,
+    # |s| < 3, so bfloat16 rounding of a score costs little)
+    "sdpa/cross/fully-masked": "out",
+}
+
+
+def test_softmax_in_bfloat16_fails_on_attention_cases_the_real_adapter_passes():
     real, mutant = _torch_backends()
-    fixtures, _ = load_all(select="sdpa or mha")
+    fixtures, _ = load_all(select="sdpa or mha or encoder_layer/post/dropout")
     fixtures = [f for f in fixtures if f.call.expect_error is None]
     assert all(o.status == "pass" for o in _run_bf16(real, fixtures))
     failed = {o.case: o for o in _run_bf16(mutant, fixtures) if o.status == "fail"}
-    # a bias broadcast over the keys: its gradient is a row sum of ds, 0 up to
-    # float32 rounding when the softmax is float32, bfloat16 noise otherwise
-    # (measured ratio 36); and an output (ratio 1.16: the catalog's scores
-    # are small, |s| < 3, so bfloat16 scores cost little)
-    assert {"sdpa/cross/bias-broadcast", "sdpa/cross/fully-masked"} <= set(failed), sorted(failed)
-    problem = failed["sdpa/cross/bias-broadcast"].problems[0]
-    assert problem.startswith("grad bias: max err") and "vs reference err" in problem
-    assert failed["sdpa/cross/bias-broadcast"].grad_worst["reference_error"] > 0
-    assert failed["sdpa/cross/fully-masked"].out_ratio > 1
+    assert set(MUTANT_FAILS) <= set(failed), sorted(failed)
+    for name, kind in MUTANT_FAILS.items():
+        ratio = failed[name].out_ratio if kind == "out" else failed[name].grad_ratio
+        assert ratio > 1, (name, kind, ratio)
+    for name in ("sdpa/cross/offset-bias", "mha/cross/offset-bias"):
+        assert failed[name].out_ratio > 5, (name, failed[name].out_ratio)
+    problem = failed["encoder_layer/post/dropout"].problems[0]
+    assert problem.startswith("grad params.self_attn.b_k: max err") and "vs reference err" in problem
+    assert failed["encoder_layer/post/dropout"].grad_worst["reference_error"] > 0
+
+
+def test_the_calibration_rule_is_one_and_a_half_times_the_worst_declared_ratio():
+    """``python -m conformance.calibrate`` turns measured ratios into K by the
+    published rule; an undeclared dtype counts only for float16 and only for a
+    backend following the half-precision recipe."""
+    from conformance.calibrate import rule, summarize
+
+    def row(backend, dtype, kind, ratio, declared, scale=None):
+        return {"backend": backend, "dtype": dtype, "kind": kind, "case": "c", "array": "a",
+                "ratio": ratio, "declared": declared, "zero_scale": scale}
+
+    rows = [row("numpy", "float32", "out", 1.0, True), row("torch", "float32", "out", 2.01, True),
+            row("torch-fused", "bfloat16", "out", 50.0, False), row("torch", "bfloat16", "out", 1.0, True),
+            row("jax", "float16", "grad", 4.0, False), row("torch-fused", "float16", "grad", 20.0, False),
+            row("torch-fused", "float32", "grad", 0.6, True, scale=7.0)]
+    got = rule(summarize(rows), recipe=("numpy", "torch", "jax"))
+    assert got["K"] == {"float32": {"out": 3.1}, "bfloat16": {"out": 1.5}, "float16": {"grad": 6.0}}
+    assert got["zero"] == 0.9
