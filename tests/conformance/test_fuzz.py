@@ -110,13 +110,15 @@ def test_the_command_reports_throughput_and_exit_status(capsys):
         (["--backend", "numpy", "--n", "0"], "--n"),
         (["--backend", "numpy", "--seconds", "-1"], "--seconds"),
         (["--backend", "numpy", "--dtype", "float8"], "--dtype"),
-        (["--backend", "numpy", "--dtype", "bfloat16"], "declares float64, float32"),
+        # the example adapter declares float64 and float32 only (numpy declares all four)
+        (["--backend", "conformance.examples.my_attention_backend:MyBackend", "--dtype", "bfloat16"], "declares float64, float32"),
         (["--backend", "no_such_backend"], "unknown backend"),
         (["--backend", "numpy", "--function", "attention"], "--function"),
         (["--backend", "numpy", "--replay", "softmax B=2"], "missing"),
         (["--backend", "numpy", "--replay", "nonsense x=1"], "first word"),
-        (["--backend", "numpy", "--replay", fuzz.format_spec({**fuzz.parse_spec(_specs(1, 1, ["softmax"])[0]),
-                                                              "dtype": "bfloat16"})], "declares"),
+        (["--backend", "conformance.examples.my_attention_backend:MyBackend", "--replay",
+          fuzz.format_spec({**fuzz.parse_spec(_specs(1, 1, ["scaled_dot_product_attention"])[0]),
+                            "dtype": "bfloat16"})], "declares"),
         (["--backend", "numpy", "--frobnicate"], "unrecognized"),
     ],
 )
