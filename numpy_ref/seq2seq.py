@@ -471,7 +471,7 @@ def gru_cell_backward(d_out, x, h, params):
 
     With ``gx = x w_ih + b_ih = [gx_r | gx_z | gx_n]``, ``gh = h w_hh + b_hh =
     [gh_r | gh_z | gh_n]`` and ``dh'`` the cotangent of ``h' = (1 - z) n + z h``:
-    ``dn = dh' (1 - z)``, ``dz = dh' (h - n)``, ``da_n = dn (1 - n²)`` (``n``'s
+    ``dn = dh' (1 - z)``, ``dz = dh' h - dh' n``, ``da_n = dn (1 - n²)`` (``n``'s
     pre-activation ``gx_n + r gh_n``), ``dr = da_n gh_n``,
     ``da_r = dr r (1 - r)``, ``da_z = dz z (1 - z)``; then
     ``dgx = [da_r | da_z | da_n]``, ``dgh = [da_r | da_z | r da_n]``,
@@ -503,7 +503,7 @@ def _rnn_grads(dh_new, x, h, params):
 def _gru_grads(dh_new, x, h, params):
     r, z, n, gh_n = _gru_gates(x, h, params)  # (B, Hs) each
     dn = dh_new * (z.dtype.type(1) - z)  # (B, Hs)
-    dz = dh_new * (h - n)  # (B, Hs)
+    dz = dh_new * h - dh_new * n  # (B, Hs)
     da_n = _tanh_grad(dn, n)  # (B, Hs): dn (1 - n²)
     dr = da_n * gh_n  # (B, Hs)
     da_r = _sigmoid_grad(dr, r)  # (B, Hs): dr r (1 - r)
