@@ -116,7 +116,8 @@ def gru_cell(x, h, params):
 
 
 def _rnn_step(x, h, params):
-    return np.tanh(_matmul(x, params["w_ih"]) + params["b_ih"] + _matmul(h, params["w_hh"]) + params["b_hh"])  # (B, Hs)
+    a = _matmul(x, params["w_ih"]) + params["b_ih"] + _matmul(h, params["w_hh"]) + params["b_hh"]  # (B, Hs)
+    return np.tanh(a)  # (B, Hs)
 
 
 def _gru_step(x, h, params):
@@ -496,7 +497,8 @@ def _rnn_grads(dh_new, x, h, params):
     return {
         "x": _matmul(da, params["w_ih"].T),  # (B, I)
         "h": _matmul(da, params["w_hh"].T),  # (B, Hs)
-        "params": {"w_ih": _matmul(x.T, da), "w_hh": _matmul(h.T, da), "b_ih": _sum(da, 0), "b_hh": _sum(da, 0)},
+        "params": {"w_ih": _matmul(x.T, da), "w_hh": _matmul(h.T, da), "b_ih": _sum(da, 0),
+                   "b_hh": _sum(da, 0)},
     }
 
 
