@@ -16,7 +16,9 @@ Layout of ``conformance/fixtures/``:
   and cotangents cast to that dtype (exact by construction of the catalog),
   rounded *up* to two significant digits. The tolerance of a low-precision
   run is a multiple of it (``conformance.tolerances.bounds``); storing it
-  here means a checker needs neither a framework nor ml_dtypes.
+  here means a checker needs neither a framework nor ml_dtypes. A bool or
+  int64 output (a mask, greedy token ids) is compared exactly in every
+  dtype; numpy_ref's equals the fixture there and its stored error is 0.
 - one ``.npz`` per case (``/`` in the name becomes ``__``), keys
   ``in/<flat name>`` (inputs and params), ``cot/<output>``,
   ``out/<output>``, ``grad/<wrt name>`` and, for functions returning

@@ -156,12 +156,15 @@ def reference_errors(name: str, call, arrays: dict) -> dict:
     :data:`~conformance.fixtures.REFERENCE_DTYPES` (exact: the catalog's
     inputs are bfloat16 and float16 numbers); per output and gradient,
     ``max |ref - fixture|`` over the fixture's finite elements, rounded up to
-    two significant digits.
+    two significant digits. A bool or integer output (a mask, greedy token
+    ids) is compared exactly, in every dtype: numpy_ref's must equal the
+    fixture's and its stored error is 0.
 
     Raises:
       RuntimeError: naming the case, dtype and array, when numpy_ref in that
         dtype gives a non-finite value where the fixture is finite (or a
-        finite one where it is not), or an array of another dtype. Such a
+        finite one where it is not), an array of another dtype, or bool or
+        integer values other than the fixture's. Such a
         case cannot be judged by a multiple of the reference's error; the
         catalog must scale its inputs into the dtype's range.
     """
@@ -185,9 +188,11 @@ def reference_errors(name: str, call, arrays: dict) -> dict:
             for n in names:
                 value, want = np.asarray(got[section][n]), arrays[f"{section}/{n}"]
                 where = f"{name}: numpy_ref in {dtype_name}, {section} {n}"
-                if value.dtype != (bool if want.dtype == bool else dtype):
-                    raise RuntimeError(f"{where}: dtype {value.dtype}, expected {dtype_name}")
-                if want.dtype == bool:
+                exact = want.dtype.kind in "bi"  # a mask or token ids: the fixture's own dtype, exact
+                if value.dtype != (want.dtype if exact else dtype):
+                    raise RuntimeError(f"{where}: dtype {value.dtype}, expected "
+                                       f"{want.dtype if exact else dtype_name}")
+                if exact:
                     if not np.array_equal(value, want):
                         raise RuntimeError(f"{where}: differs from the float64 fixture")
                     per[section][n] = 0.0

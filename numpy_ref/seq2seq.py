@@ -34,6 +34,13 @@ width, ``Vs`` / ``Vt`` source / target vocabularies.
 Every ``f_backward(d_out, <f's arguments>)`` runs the forward pass, keeping
 the states, then walks it back in time (backpropagation through time), one
 chain-rule step per line; it returns a dict keyed by argument name.
+
+float16 and bfloat16 follow the half-precision recipe of the mirrors
+(docs/SPEC.md 3.1): every matmul accumulates in float32 and is rounded once,
+as every sum over an axis and every embedding scatter-add; ``tanh``, ``σ``
+and their derivatives are computed in float32 and rounded once per call (as
+``torch.tanh`` / ``torch.sigmoid`` and their backward kernels); every other
+step is one operation in the input's dtype. Results keep the input's dtype.
 """
 from __future__ import annotations
 
@@ -44,6 +51,7 @@ import numpy as np
 
 from ._checks import _generator, float_dtype, rules
 from .attention import additive_attention, additive_attention_backward
+from .layers import _matmul, _sum, _upcast
 
 __all__ = [
     "rnn_cell",
@@ -108,18 +116,19 @@ def gru_cell(x, h, params):
 
 
 def _rnn_step(x, h, params):
-    return np.tanh(x @ params["w_ih"] + params["b_ih"] + h @ params["w_hh"] + params["b_hh"])  # (B, Hs)
+    a = _matmul(x, params["w_ih"]) + params["b_ih"] + _matmul(h, params["w_hh"]) + params["b_hh"]  # (B, Hs)
+    return np.tanh(a)  # (B, Hs)
 
 
 def _gru_step(x, h, params):
     r, z, n, _ = _gru_gates(x, h, params)  # (B, Hs) each
-    return (1.0 - z) * n + z * h  # (B, Hs)
+    return (z.dtype.type(1) - z) * n + z * h  # (B, Hs)
 
 
 def _gru_gates(x, h, params):
     """``r, z, n`` and ``gh_n = h W_hn + b_hn`` (the backward pass needs it), each ``(B, Hs)``."""
-    gx_r, gx_z, gx_n = np.split(x @ params["w_ih"] + params["b_ih"], 3, axis=-1)  # (B, Hs) each
-    gh_r, gh_z, gh_n = np.split(h @ params["w_hh"] + params["b_hh"], 3, axis=-1)  # (B, Hs) each
+    gx_r, gx_z, gx_n = np.split(_matmul(x, params["w_ih"]) + params["b_ih"], 3, axis=-1)  # (B, Hs) each
+    gh_r, gh_z, gh_n = np.split(_matmul(h, params["w_hh"]) + params["b_hh"], 3, axis=-1)  # (B, Hs) each
     r = _sigmoid(gx_r + gh_r)
     z = _sigmoid(gx_z + gh_z)
     n = np.tanh(gx_n + r * gh_n)
@@ -127,9 +136,25 @@ def _gru_gates(x, h, params):
 
 
 def _sigmoid(a):
+    """``σ(a) = 1 / (1 + exp(-a))``; half inputs in float32, rounded once (as ``torch.sigmoid``)."""
+    a32 = _upcast(a)
     # 1 / (1 + exp(-a)) overflows (a warning, then the right 0) for a << 0; this form never does
-    e = np.exp(-np.abs(a))
-    return np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    e = np.exp(-np.abs(a32))
+    return np.where(a32 >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(a.dtype, copy=False)
+
+
+def _tanh_grad(d_out, t):
+    """``d_out (1 - t²)`` for ``t = tanh(a)``: half inputs in float32, rounded once
+    (as torch's ``tanh_backward``)."""
+    t32 = _upcast(t)
+    return (_upcast(d_out) * (1.0 - t32 * t32)).astype(t.dtype, copy=False)
+
+
+def _sigmoid_grad(d_out, s):
+    """``d_out s (1 - s)`` for ``s = σ(a)``: half inputs in float32, rounded once
+    (as torch's ``sigmoid_backward``)."""
+    s32 = _upcast(s)
+    return (_upcast(d_out) * s32 * (1.0 - s32)).astype(s.dtype, copy=False)
 
 
 # --------------------------------------------------------------------------
@@ -188,7 +213,7 @@ def _scan(step, x, params, h0, lengths):
     for t in range(L):
         keep = valid[:, t, None]  # (B, 1)
         h = np.where(keep, step(x[:, t], h, params), h)  # (B, Hs); a padded row keeps its state
-        outputs[:, t] = np.where(keep, h, 0.0)  # (B, Hs); a padded step outputs 0
+        outputs[:, t] = np.where(keep, h, x.dtype.type(0))  # (B, Hs); a padded step outputs 0
         states.append(h)
     return outputs, states
 
@@ -291,7 +316,7 @@ def _decoder_step(params, y_prev, s, enc, c, mask):
     x = np.concatenate([params["tgt_embed"][y_prev], c], axis=-1)  # (B, E + Hs)
     s_new = _gru_step(x, s, params["decoder"])  # (B, Hs)
     read = np.concatenate([s_new, c], axis=-1)  # (B, 2Hs): what the readout reads
-    logits = read @ params["out"]["w"] + params["out"]["b"]  # (B, Vt)
+    logits = _matmul(read, params["out"]["w"]) + params["out"]["b"]  # (B, Vt)
     return SimpleNamespace(y_prev=y_prev, s=s, c=c, x=x, s_new=s_new, read=read, logits=logits,
                            weights=weights)
 
@@ -447,7 +472,7 @@ def gru_cell_backward(d_out, x, h, params):
 
     With ``gx = x w_ih + b_ih = [gx_r | gx_z | gx_n]``, ``gh = h w_hh + b_hh =
     [gh_r | gh_z | gh_n]`` and ``dh'`` the cotangent of ``h' = (1 - z) n + z h``:
-    ``dn = dh' (1 - z)``, ``dz = dh' (h - n)``, ``da_n = dn (1 - n²)`` (``n``'s
+    ``dn = dh' (1 - z)``, ``dz = dh' h - dh' n``, ``da_n = dn (1 - n²)`` (``n``'s
     pre-activation ``gx_n + r gh_n``), ``dr = da_n gh_n``,
     ``da_r = dr r (1 - r)``, ``da_z = dz z (1 - z)``; then
     ``dgx = [da_r | da_z | da_n]``, ``dgh = [da_r | da_z | r da_n]``,
@@ -468,28 +493,30 @@ def gru_cell_backward(d_out, x, h, params):
 
 def _rnn_grads(dh_new, x, h, params):
     h_new = _rnn_step(x, h, params)  # (B, Hs)
-    da = dh_new * (1.0 - h_new * h_new)  # (B, Hs)
+    da = _tanh_grad(dh_new, h_new)  # (B, Hs): dh' (1 - h'²)
     return {
-        "x": da @ params["w_ih"].T,  # (B, I)
-        "h": da @ params["w_hh"].T,  # (B, Hs)
-        "params": {"w_ih": x.T @ da, "w_hh": h.T @ da, "b_ih": da.sum(axis=0), "b_hh": da.sum(axis=0)},
+        "x": _matmul(da, params["w_ih"].T),  # (B, I)
+        "h": _matmul(da, params["w_hh"].T),  # (B, Hs)
+        "params": {"w_ih": _matmul(x.T, da), "w_hh": _matmul(h.T, da), "b_ih": _sum(da, 0),
+                   "b_hh": _sum(da, 0)},
     }
 
 
 def _gru_grads(dh_new, x, h, params):
     r, z, n, gh_n = _gru_gates(x, h, params)  # (B, Hs) each
-    dn = dh_new * (1.0 - z)  # (B, Hs)
-    dz = dh_new * (h - n)  # (B, Hs)
-    da_n = dn * (1.0 - n * n)  # (B, Hs)
+    dn = dh_new * (z.dtype.type(1) - z)  # (B, Hs)
+    dz = dh_new * h - dh_new * n  # (B, Hs)
+    da_n = _tanh_grad(dn, n)  # (B, Hs): dn (1 - n²)
     dr = da_n * gh_n  # (B, Hs)
-    da_r = dr * r * (1.0 - r)  # (B, Hs)
-    da_z = dz * z * (1.0 - z)  # (B, Hs)
+    da_r = _sigmoid_grad(dr, r)  # (B, Hs): dr r (1 - r)
+    da_z = _sigmoid_grad(dz, z)  # (B, Hs): dz z (1 - z)
     dgx = np.concatenate([da_r, da_z, da_n], axis=-1)  # (B, 3Hs)
     dgh = np.concatenate([da_r, da_z, r * da_n], axis=-1)  # (B, 3Hs)
     return {
-        "x": dgx @ params["w_ih"].T,  # (B, I)
-        "h": dgh @ params["w_hh"].T + dh_new * z,  # (B, Hs)
-        "params": {"w_ih": x.T @ dgx, "w_hh": h.T @ dgh, "b_ih": dgx.sum(axis=0), "b_hh": dgh.sum(axis=0)},
+        "x": _matmul(dgx, params["w_ih"].T),  # (B, I)
+        "h": _matmul(dgh, params["w_hh"].T) + dh_new * z,  # (B, Hs)
+        "params": {"w_ih": _matmul(x.T, dgx), "w_hh": _matmul(h.T, dgh), "b_ih": _sum(dgx, 0),
+                   "b_hh": _sum(dgh, 0)},
     }
 
 
@@ -548,7 +575,7 @@ def _scan_backward(step, cell_grads, d_outputs, d_h_n, x, params, h0, lengths):
     for t in reversed(range(L)):
         keep = valid[:, t, None]  # (B, 1)
         d_step = dh if d_outputs is None else dh + d_outputs[:, t]  # (B, Hs): state and output
-        g = cell_grads(np.where(keep, d_step, 0.0), x[:, t], states[t], params)  # valid rows only
+        g = cell_grads(np.where(keep, d_step, x.dtype.type(0)), x[:, t], states[t], params)  # valid rows only
         dx[:, t] = g["x"]  # (B, I); 0 on padded rows
         dh = np.where(keep, g["h"], dh)  # (B, Hs): a padded step passes dh through unchanged
         _accumulate(d_params, g["params"])
@@ -572,7 +599,8 @@ def seq2seq_backward(d_out, src, tgt_in, params, src_lengths=None):
     the embedding row's share and more of ``dc``. Every step's ``dc`` adds up
     on the fixed ``c``; since ``s_0 = c = h_n``, the encoder receives
     ``d_h_n = ds + Σ_t dc_t`` and runs :func:`gru_backward`. The embeddings
-    take the rows they were read from (scatter-add, ``np.add.at``).
+    take the rows they were read from (scatter-add, ``np.add.at``; for half
+    dtypes accumulated in float32 over all steps and rounded once).
 
     Args:
       d_out: ``d_logits (B, T, Vt)``.
@@ -619,17 +647,18 @@ def _seq2seq_grads(d_logits, d_weights, src, tgt_in, params, src_lengths):
     ds = np.zeros_like(c)  # (B, Hs): dL/ds_{t+1}, from the steps after t
     dc_fixed = np.zeros_like(c)  # (B, Hs): dL/dc summed over the steps (seq2seq)
     d_enc = np.zeros_like(enc)  # (B, Ls, Hs): dL/denc through the attention
+    d_tgt_embed = _upcast(grads["tgt_embed"])  # (Vt, E): float32 for half dtypes, else grads' own array
     for t in reversed(range(len(steps))):
         st, d_logit = steps[t], d_logits[:, t]  # d_logit (B, Vt)
         # logits = [s_{t+1}, c_t] @ out.w + out.b
-        grads["out"]["w"] += st.read.T @ d_logit  # (2Hs, Vt)
-        grads["out"]["b"] += d_logit.sum(axis=0)  # (Vt,)
-        d_read = d_logit @ params["out"]["w"].T  # (B, 2Hs)
+        grads["out"]["w"] += _matmul(st.read.T, d_logit)  # (2Hs, Vt)
+        grads["out"]["b"] += _sum(d_logit, 0)  # (Vt,)
+        d_read = _matmul(d_logit, params["out"]["w"].T)  # (B, 2Hs)
         ds_new, dc = ds + d_read[:, :Hs], d_read[:, Hs:]  # (B, Hs) each
         # s_{t+1} = gru_cell([tgt_embed[y_t], c_t], s_t)
         g = _gru_grads(ds_new, st.x, st.s, params["decoder"])  # x (B, E + Hs)
         _accumulate(grads["decoder"], g["params"])
-        np.add.at(grads["tgt_embed"], st.y_prev, g["x"][:, :E])  # (Vt, E)
+        np.add.at(d_tgt_embed, st.y_prev, _upcast(g["x"][:, :E]))  # (Vt, E)
         dc = dc + g["x"][:, E:]  # (B, Hs)
         ds = g["h"]  # (B, Hs): dL/ds_t
         if "attention" in params:  # (c_t, α_t) = additive_attention(s_t, enc)
@@ -641,12 +670,15 @@ def _seq2seq_grads(d_logits, d_weights, src, tgt_in, params, src_lengths):
             d_enc += ga["keys"]  # (B, Ls, Hs)
         else:
             dc_fixed += dc  # (B, Hs)
+    grads["tgt_embed"] = d_tgt_embed.astype(c.dtype, copy=False)  # (Vt, E), rounded once
     # s_0 = c = h_n: the decoder's start and the fixed context both reach the encoder's last state
     x_src = params["src_embed"][src]  # (B, Ls, E)
     d_h_n = ds + dc_fixed  # (B, Hs)
     g = _scan_backward(_gru_step, _gru_grads, d_enc, d_h_n, x_src, params["encoder"], None, src_lengths)
     _accumulate(grads["encoder"], g["params"])
-    np.add.at(grads["src_embed"], src, g["x"])  # (Vs, E)
+    d_src_embed = _upcast(grads["src_embed"])  # (Vs, E): float32 for half dtypes, else grads' own array
+    np.add.at(d_src_embed, src, _upcast(g["x"]))  # (Vs, E)
+    grads["src_embed"] = d_src_embed.astype(c.dtype, copy=False)  # rounded once
     return {"params": grads}
 
 
