@@ -41,7 +41,7 @@ import numpy as np
 from .backends import BUILTINS, Unavailable, load
 from .generate import _round_up
 from .runner import Session, load_all
-from .tolerances import ATOL_FLOOR, LOW_DTYPES, RTOL_FLOOR, max_error, zero_scale
+from .tolerances import ATOL_FLOOR, LOW_DTYPES, RTOL_FLOOR, credited, magnitude, max_error, zero_scale
 
 __all__ = ["measure", "summarize", "rule", "main"]
 
@@ -105,7 +105,8 @@ def measure(backends, fixtures, dtypes=LOW_DTYPES, progress=None) -> list[dict]:
                             if scale is not None:
                                 ratio = error / (u * scale)
                             else:
-                                ratio = error / max(row["reference_error"], ATOL_FLOOR[dtype])
+                                ref = credited(dtype, row["reference_error"], magnitude(want))
+                                ratio = error / max(ref, ATOL_FLOOR[dtype])
                             rows.append({**row, "error": error, "zero_scale": scale, "ratio": ratio})
                         if progress:
                             progress(backend.name, dtype, fixture.name)

@@ -31,7 +31,7 @@ import numpy as np
 
 from .fixtures import DEFAULT_DIR, Fixture, FixtureError, load_fixture, load_manifest
 from .protocol import Backend
-from .tolerances import bounds, describe, error_ratio, max_error, zero_scale
+from .tolerances import bounds, describe, error_ratio, magnitude, max_error, zero_scale
 
 __all__ = [
     "Outcome", "Broken", "Session", "load_all", "check_case", "check_error", "run",
@@ -184,7 +184,8 @@ def _compare(kind, name, value, want, dtype, reference_error, outcome, scale=Non
     if problem:
         outcome.fail(f"{label}: {problem}")
         return None
-    rtol, atol = bounds(dtype, kind, reference_error, scale)
+    mag = magnitude(want)
+    rtol, atol = bounds(dtype, kind, reference_error, scale, mag)
     got = got.astype(np.float64) if want.dtype.kind == "f" else got  # bool and int: exact
     ratio, where = error_ratio(got, want, rtol, atol)
     error = max_error(got, want)
@@ -198,7 +199,7 @@ def _compare(kind, name, value, want, dtype, reference_error, outcome, scale=Non
         outcome.grads_checked += 1
     if not ratio <= 1.0:
         ref = "" if reference_error is None else f" vs reference err {reference_error:.2g}"
-        outcome.fail(f"{label}: max err {error:.2g}{ref} ({describe(dtype, kind, reference_error, scale)}), "
+        outcome.fail(f"{label}: max err {error:.2g}{ref} ({describe(dtype, kind, reference_error, scale, mag)}), "
                      f"error ratio {ratio:.3g} > 1 {where}")
     return got
 
@@ -211,7 +212,7 @@ def _ignored_weights_hint(fixture: Fixture, got: dict, dtype: str) -> str | None
     for name, value in got.items():
         want = fixture.grads_out_only[name]
         rtol, atol = bounds(dtype, "grad", _reference_error(fixture, dtype, "grad_out_only", name),
-                            zero_scale(want, fixture.grads_out_only.values()))
+                            zero_scale(want, fixture.grads_out_only.values()), magnitude(want))
         if error_ratio(value, want, rtol, atol)[0] > 1.0:
             return None
     return ("hint: these gradients match those of sum(out * cotangents['out']) alone: "
