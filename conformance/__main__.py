@@ -75,6 +75,9 @@ def _parser(peers: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--junit", metavar="PATH", help="also write a JUnit XML report (for CI test views)")
     p.add_argument("--list", action="store_true", help="list cases and backends, run nothing")
     p.add_argument("--fixtures", default=str(DEFAULT_DIR), metavar="DIR", help="fixture directory")
+    p.add_argument("--xla-default", action="store_true",
+                   help="compile JAX programs with XLA's default flags; by default the command sets "
+                   "XLA's compile-speed flags (conformance.xla), about half the JAX backend's time")
     return p
 
 
@@ -251,6 +254,11 @@ def _certify(args, peers: bool = False, markdown_to=None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     explicit = bool(args.backend)
+    if not getattr(args, "xla_default", True) and "jax" not in sys.modules:
+        from .xla import use_fast_compile
+
+        if use_fast_compile():  # before any adapter starts JAX; see conformance/xla.py
+            print("note: JAX programs compiled for compile speed (conformance.xla; --xla-default for XLA's defaults)")
     backends, info, problems = _load_backends(args.backend or list(PEERS if peers else BUILTINS), explicit)
     if args.list:
         return _list(args, backends, info)
