@@ -1197,7 +1197,9 @@ _case("gru/padded/no-h0", "gru", partial(_recurrent, gates=3, lengths=_RNN_LENGT
 _case("gru/full/h0", "gru", partial(_recurrent, gates=3))
 _case("gru/length1", "gru", partial(_recurrent, gates=3, L=1, lengths=np.array([1, 0, 1])))
 _case("gru/length0", "gru", partial(_recurrent, gates=3, L=0, lengths=np.array([0, 0, 0])),
-      note="L = 0: outputs (B, 0, Hs), h_n = h0")
+      note="L = 0: outputs (B, 0, Hs), h_n = h0",
+      zero=_zero("x params.w_ih params.w_hh params.b_ih params.b_hh",
+                 "no step runs: x is empty and the weights are never read (only d h0 = d h_n flows)"))
 _case("seq2seq/plain/padded", "seq2seq", partial(_s2s, attention=False),
       note="a source row of length 0: c = h_n = 0")
 _case("seq2seq/plain/full", "seq2seq", partial(_s2s, attention=False, src_lengths=None))

@@ -202,7 +202,16 @@ class TorchEncoderLayerPeer(_TorchPeer):
     conventions = ("masks: `True` = **ignore**; the adapter inverts them (`src_mask`, `src_key_padding_mask`)",
                    "eval mode, autograd on: the slow path (the fast path needs an even head count; "
                    "the catalog has H = 3)")
-    differences = ()
+    differences = (
+        Difference(
+            "float16-beyond-bound",
+            "in float16 the layer exceeds the reference-relative bound on three cases by 1.08-1.22x "
+            "(the key-bias gradient, a sum that cancels to 0, and one output): its CPU float16 path "
+            "rounds intermediates that the spec's recipe keeps in float32 (not isolated op by op; "
+            "bfloat16 and float32 pass)",
+            cases="encoder_layer/post/gelu or encoder_layer/post/causal or encoder_layer/pre/eps",
+            dtypes=("float16",)),
+    )
 
     def forward(self, kw: dict) -> dict:
         import torch

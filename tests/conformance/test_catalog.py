@@ -30,6 +30,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import math
+import re
 import time
 
 import numpy as np
@@ -394,7 +395,7 @@ def test_a_case_named_for_a_setting_sets_it_to_a_value_that_matters(name):
 
 @pytest.mark.parametrize("name", [n for n in VALUE if any(p.startswith("rank") for p in n.split("/"))])
 def test_a_case_named_rank_n_has_an_input_of_rank_n(name):
-    rank = int(next(p for p in name.split("/") if p.startswith("rank"))[4:])
+    rank = int(re.match(r"rank(\d+)", next(p for p in name.split("/") if p.startswith("rank"))).group(1))
     kw = CASES_BY_NAME[name].call().kwargs
     first = kw["q"] if "q" in kw else kw["x"]
     assert first.ndim == rank

@@ -95,7 +95,7 @@ def test_the_peers_verdicts(peer_runs):
     want = {
         "torch-sdpa": "conformant except: reads-unread-keys",
         "torch-mha": "conformant except: reads-unread-keys, fully-masked-row-nan, half-precision-scores",
-        "torch-encoder-layer": "conformant",
+        "torch-encoder-layer": "conformant except: float16-beyond-bound",
         "jax-dpa": "conformant except: reads-unread-keys, fully-masked-row-mean-of-v, minus-inf-bias-row-nan, "
                    "float64-softmax-in-float32",
     }
