@@ -254,12 +254,14 @@ def _certify(args, peers: bool = False, markdown_to=None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     explicit = bool(args.backend)
+    fast_compile = []
     if not getattr(args, "xla_default", True) and "jax" not in sys.modules:
         from .xla import use_fast_compile
 
-        if use_fast_compile():  # before any adapter starts JAX; see conformance/xla.py
-            print("note: JAX programs compiled for compile speed (conformance.xla; --xla-default for XLA's defaults)")
+        fast_compile = use_fast_compile()  # before any adapter starts JAX; see conformance/xla.py
     backends, info, problems = _load_backends(args.backend or list(PEERS if peers else BUILTINS), explicit)
+    if fast_compile and any("jax" in getattr(b, "requires", ()) for b in backends):
+        print("note: JAX programs compiled for compile speed (conformance.xla; --xla-default for XLA's defaults)")
     if args.list:
         return _list(args, backends, info)
     try:

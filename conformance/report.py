@@ -27,7 +27,7 @@ from collections import defaultdict
 
 from .cases import COMPONENTS
 from .runner import difference_status, verdict
-from .tolerances import ATOL_FLOOR, CLASSES, K, LOW_DTYPES, RTOL_FLOOR, TOLERANCES, ZERO_FACTOR
+from .tolerances import ATOL_FLOOR, CLASSES, EPS, K, LOW_DTYPES, RTOL_FLOOR, TOLERANCES, ZERO_FACTOR
 
 __all__ = ["Progress", "format_table", "failures", "coverage_lines", "verdict_lines", "difference_lines",
            "peer_markdown", "write_json", "write_junit"]
@@ -219,9 +219,9 @@ def _dtype_header(dtype):
     k = K[dtype]
     return (
         f"{dtype}: worst error ratio |got-want| / allowed, pass iff <= 1; allowed = "
-        f"max({ATOL_FLOOR[dtype]:.2g}, k x reference error) + {RTOL_FLOOR[dtype]:.2g} x |want| "
+        f"max({ATOL_FLOOR[dtype]:.2g}, k x max(reference error, eps x max|want|)) + {RTOL_FLOOR[dtype]:.2g} x |want| "
         f"(k = {k['out']:g} for outputs, {k['grad']:g} for gradients; reference error: numpy_ref in {dtype} "
-        f"vs the float64 fixture, stored per array); an identically zero expected array: allowed = "
+        f"vs the float64 fixture, stored per array; eps = {EPS[dtype]:.2g}); an identically zero expected array: allowed = "
         f"{'' if ZERO_FACTOR == 1 else f'{ZERO_FACTOR:g} x '}u x S, S the case's largest |want| of that kind"
     )
 

@@ -213,7 +213,7 @@ def _project_w_transposed(query, key, value, params, num_heads):
     return tuple(A._split_heads(x, num_heads) for x in (q, k, v))
 
 
-def _grads_dq_unscaled(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped):
+def _grads_dq_unscaled(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read):
     dv = np.swapaxes(dropped, -1, -2) @ d_out
     dp = A._dropout(d_out @ np.swapaxes(v, -1, -2), keep, dropout_p)
     if d_weights is not None:
@@ -221,7 +221,7 @@ def _grads_dq_unscaled(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, kee
     ds = A._softmax_grad(p, dp)
     dq = ds @ k  # the scale forgotten
     dk = np.swapaxes(ds, -1, -2) @ q * scale
-    grads = {"q": dq, "k": dk, "v": dv}
+    grads = {"q": dq, "k": A._unread_to_zero(dk, read), "v": A._unread_to_zero(dv, read)}
     if bias is not None:
         grads["bias"] = A._sum_to_shape(ds, bias.shape)
     return grads
@@ -423,7 +423,7 @@ MUTANTS = [
     # gradients (visible ones: b_k's gradient is rounding noise around 0)
     _m("grad/dv-without-dropout-mask", "dv = pᵀ d_out, the dropout mask forgotten",
        "attention._attention_grads",
-       lambda orig: lambda *a: orig(*a[:10], a[8].astype(a[2].dtype, copy=False)),
+       lambda orig: lambda *a: orig(*a[:10], a[8].astype(a[2].dtype, copy=False), *a[11:]),
        ATTN_DROPOUT, spares=SDPA_PLAIN | MHA_PLAIN),
     _m("grad/dq-missing-scale", "dq = ds @ k without the scale", "attention._attention_grads",
        _const(_grads_dq_unscaled), SDPA_PLAIN | MHA_PLAIN | ENC_LAYERS,

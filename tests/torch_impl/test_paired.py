@@ -55,7 +55,10 @@ def test_masks_and_tables_equal_numpy_ref_exactly(case):
     want = numpy_forward(call.function, call.kwargs)
     for name, got in outputs.items():
         assert got.dtype == (torch.bool if want[name].dtype == bool else torch.float64)
-        np.testing.assert_array_equal(to_numpy(got), want[name], err_msg=name)
+        if want[name].dtype == bool or call.kwargs.get("max_len", 0) < 1024:
+            np.testing.assert_array_equal(to_numpy(got), want[name], err_msg=name)
+        else:  # angles up to 2047 rad: torch's and numpy's sin/cos are not correctly rounded alike
+            np.testing.assert_array_max_ulp(to_numpy(got), want[name], maxulp=1)
 
 
 def _dtype_params():
@@ -74,7 +77,9 @@ def test_outputs_and_gradients_keep_the_input_dtype_and_fused_returns_no_weights
         assert outputs["weights"] is None
     outputs = {k: v for k, v in outputs.items() if v is not None}
     for name, out in outputs.items():
-        assert out.dtype in (dtype, torch.bool), f"{name}: {out.dtype}"
+        # masks stay bool and a greedy decoder's token ids int64; every number takes the dtype
+        assert out.dtype in (dtype, torch.bool, torch.int64), f"{name}: {out.dtype}"
+        assert out.dtype != torch.int64 or case.function.endswith("_greedy"), f"{name}: {out.dtype}"
     if not leaves:
         return
     loss = sum((out.float() * torch.as_tensor(call.cotangents[name]).float()).sum()
