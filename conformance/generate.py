@@ -65,8 +65,14 @@ class FolderError(RuntimeError):
     """:func:`generate` refuses a folder it does not own; nothing was written."""
 
 
-def build_fixture(case) -> tuple[dict, dict]:
+def build_fixture(case, reference_dtypes=REFERENCE_DTYPES) -> tuple[dict, dict]:
     """Run ``case`` through numpy_ref in float64; its manifest entry and arrays.
+
+    ``reference_dtypes``: the dtypes whose reference errors are computed
+    (:func:`reference_errors`); the manifest needs all of
+    :data:`~conformance.fixtures.REFERENCE_DTYPES` (bfloat16 needs
+    ``ml_dtypes``), an in-memory fixture (``conformance.fuzz``) only the
+    dtype it is judged in.
 
     Returns:
       ``(entry, arrays)``: the entry without ``sha256`` (it depends on the
@@ -120,7 +126,8 @@ def build_fixture(case) -> tuple[dict, dict]:
                 if missing:
                     raise RuntimeError(f"{case.name}: numpy_ref backward gave no gradient for {missing}")
                 arrays.update({f"{prefix}/{n}": np.asarray(grads[n]) for n in call.wrt})
-    entry["reference_error"] = None if case.error is not None else reference_errors(case.name, call, arrays)
+    entry["reference_error"] = (None if case.error is not None
+                                else reference_errors(case.name, call, arrays, reference_dtypes))
     entry["file"] = case_file(case.name)
     return entry, arrays
 
@@ -149,11 +156,11 @@ def _low_dtype(name: str):
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def reference_errors(name: str, call, arrays: dict) -> dict:
+def reference_errors(name: str, call, arrays: dict, dtypes=REFERENCE_DTYPES) -> dict:
     """The ``reference_error`` field of a value case (see ``conformance.fixtures``).
 
     numpy_ref runs on the inputs and cotangents cast to each dtype of
-    :data:`~conformance.fixtures.REFERENCE_DTYPES` (exact: the catalog's
+    ``dtypes`` (by default :data:`~conformance.fixtures.REFERENCE_DTYPES`; exact: the catalog's
     inputs are bfloat16 and float16 numbers); per output and gradient,
     ``max |ref - fixture|`` over the fixture's finite elements, rounded up to
     two significant digits. A bool or integer output (a mask, greedy token
@@ -172,7 +179,7 @@ def reference_errors(name: str, call, arrays: dict) -> dict:
 
     outputs = output_names(call.function)
     result = {}
-    for dtype_name in REFERENCE_DTYPES:
+    for dtype_name in dtypes:
         dtype = _low_dtype(dtype_name)
         kwargs = with_dtype(cast_floats(call.kwargs, dtype), dtype)
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, by name

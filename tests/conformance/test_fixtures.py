@@ -73,6 +73,7 @@ def test_fixtures_stay_small():
 
 
 def test_regenerated_fixtures_agree_with_the_committed_copies(tmp_path):
+    pytest.importorskip("ml_dtypes")  # the bfloat16 reference errors
     fresh = generate(tmp_path).manifest
     committed = load_manifest()
     strip = ("sha256",)
