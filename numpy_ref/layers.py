@@ -201,8 +201,11 @@ def _dropout(x, keep, p):
     """
     if keep is None:
         return x
-    # x / (1 - p) rounded to x's dtype (ml_dtypes' bfloat16 / float gives float32)
-    return np.where(keep, (x / (1.0 - float(p))).astype(x.dtype, copy=False), x.dtype.type(0))
+    # half x: divided in float32 by the exact float 1 - p and rounded once, as torch's
+    # opmath does; never half / python float, whose result (and whether 1 - p is first
+    # rounded to the half dtype) depends on numpy's and ml_dtypes' scalar promotion rules
+    scaled = (_upcast(x) / (1.0 - float(p))).astype(x.dtype, copy=False)
+    return np.where(keep, scaled, x.dtype.type(0))
 
 
 # --------------------------------------------------------------------------

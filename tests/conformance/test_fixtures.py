@@ -19,7 +19,7 @@ from conformance.cases import CASES, COMPONENTS, NOT_DIFFERENTIABLE, cases, comp
 from conformance.fixtures import (
     DEFAULT_DIR, MAX_FILE_BYTES, FixtureError, ManifestError, case_file, load_fixture, load_manifest,
 )
-from conformance.generate import generate
+from conformance.generate import _same_reference_errors, generate
 from conformance.protocol import flatten
 from conformance.runner import load_all
 
@@ -76,10 +76,16 @@ def test_regenerated_fixtures_agree_with_the_committed_copies(tmp_path):
     pytest.importorskip("ml_dtypes")  # the bfloat16 reference errors
     fresh = generate(tmp_path).manifest
     committed = load_manifest()
-    strip = ("sha256",)
+    # the reference errors may move with the BLAS kernels and SIMD level of the machine:
+    # within generate's documented noise factor (REFERENCE_NOISE); everything else exactly
+    strip = ("sha256", "reference_error")
     assert [{k: v for k, v in e.items() if k not in strip} for e in fresh["cases"]] == [
         {k: v for k, v in e.items() if k not in strip} for e in committed["cases"]
     ]
+    moved = [new["name"] for new, old in zip(fresh["cases"], committed["cases"])
+             if new["reference_error"] != old["reference_error"]
+             and not _same_reference_errors(old["reference_error"], new["reference_error"])]
+    assert moved == []
     for new_entry, old_entry in zip(fresh["cases"], committed["cases"]):
         new, old = load_fixture(new_entry, tmp_path), load_fixture(old_entry, DEFAULT_DIR)
         for section in ("outputs", "grads", "grads_out_only"):
