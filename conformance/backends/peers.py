@@ -48,6 +48,16 @@ from .torch_backend import TorchBackend, _to_numpy
 __all__ = ["TorchSdpaPeer", "TorchMhaPeer", "TorchEncoderLayerPeer", "JaxDpaPeer"]
 
 
+def _reads_unread_keys(cases: str) -> Difference:
+    """The one deviation every peer shares (the poison cases show it)."""
+    return Difference(
+        "reads-unread-keys",
+        "NaN or inf in a key/value row (or bias entry) that no query may attend reaches the "
+        "output and the gradients (0 * NaN in the weights-times-values product and its "
+        "transpose); the spec never reads such positions (SPEC 3.4a)",
+        cases=cases)
+
+
 def _no_dropout(call: Call) -> bool:
     return not call.kwargs.get("dropout_p")
 
@@ -129,12 +139,7 @@ class TorchSdpaPeer(_TorchPeer):
     conventions = ("mask: `True` = attend, as here; a bias is a float `attn_mask`",
                    "no weights returned: judged on the gradients of `sum(out * cot)`")
     differences = (
-        Difference(
-            "reads-unread-keys",
-            "NaN or inf in a key/value row (or bias entry) that no query may attend reaches the "
-            "output and the gradients (0 * NaN in the weights-times-values product and its "
-            "transpose); the spec never reads such positions (SPEC 3.4a)",
-            cases="sdpa/poison"),
+        _reads_unread_keys("sdpa/poison"),
     )
 
     def forward(self, kw: dict) -> dict:
@@ -157,12 +162,7 @@ class TorchMhaPeer(_TorchPeer):
                    "weights averaged over heads by default; the adapter asks `average_attn_weights=False`",
                    "packed `in_proj_weight (3D, D)`, weights `(out, in)`: `interop.mha_params_to_torch`")
     differences = (
-        Difference(
-            "reads-unread-keys",
-            "NaN or inf in a key/value row (or bias entry) that no query may attend reaches the "
-            "output and the gradients (0 * NaN in the weights-times-values product and its "
-            "transpose); the spec never reads such positions (SPEC 3.4a)",
-            cases="mha/poison"),
+        _reads_unread_keys("mha/poison"),
         Difference(
             "fully-masked-row-nan",
             "a query row with no key to attend (every key masked, or a `-inf` bias on every key) "
@@ -247,12 +247,7 @@ class JaxDpaPeer(JaxBackend):
                    "passes the scale `1/sqrt(Dk)` explicitly",
                    "mask: `True` = attend, as here; no weights returned")
     differences = (
-        Difference(
-            "reads-unread-keys",
-            "NaN or inf in a key/value row (or bias entry) that no query may attend reaches the "
-            "output and the gradients (0 * NaN in the weights-times-values product and its "
-            "transpose); the spec never reads such positions (SPEC 3.4a)",
-            cases="sdpa/poison"),
+        _reads_unread_keys("sdpa/poison"),
         Difference(
             "fully-masked-row-mean-of-v",
             "a fully masked query row gets uniform weights over all keys (masked logits are a finite "
