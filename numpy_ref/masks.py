@@ -52,7 +52,7 @@ def causal_mask(Lq, Lk=None):
     Returns:
       bool ``(Lq, Lk)``.
     """
-    Lq, Lk = rules.causal_mask(Lq, Lk)  # SPEC 3.2: non-negative ints
+    Lq, Lk, _ = rules.causal_mask(Lq, Lk)  # SPEC 3.2: non-negative ints
     return np.arange(Lk)[None, :] <= np.arange(Lq)[:, None]  # (Lq, Lk)
 
 
