@@ -61,7 +61,7 @@ def causal_mask(Lq, Lk=None):
     Returns:
       bool ``(Lq, Lk)``.
     """
-    Lq, Lk = rules.causal_mask(Lq, Lk)  # SPEC 3.2: non-negative static ints
+    Lq, Lk, _ = rules.causal_mask(Lq, Lk)  # SPEC 3.2: non-negative static ints
     return jnp.arange(Lk)[None, :] <= jnp.arange(Lq)[:, None]  # (Lq, Lk)
 
 

@@ -58,7 +58,7 @@ def causal_mask(Lq, Lk=None, device=None):
     Returns:
       bool ``(Lq, Lk)``.
     """
-    Lq, Lk = rules.causal_mask(Lq, Lk)  # SPEC 3.2: non-negative ints
+    Lq, Lk, _ = rules.causal_mask(Lq, Lk)  # SPEC 3.2: non-negative ints
     keys = torch.arange(Lk, device=device)[None, :]  # (1, Lk)
     queries = torch.arange(Lq, device=device)[:, None]  # (Lq, 1)
     return keys <= queries  # (Lq, Lk)
