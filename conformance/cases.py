@@ -69,17 +69,24 @@ MODULES = {
     "attention_seq2seq": "seq2seq",
     "seq2seq_greedy": "seq2seq",
     "attention_seq2seq_greedy": "seq2seq",
+    "decoder_layer": "decoder",
+    "decoder": "decoder",
+    "decoder_incremental": "cache",
+    "decoder_step": "cache",
+    "cross_entropy": "transformer",
+    "transformer": "transformer",
+    "greedy_decode": "transformer",
 }
 
 #: functions with no gradient (greedy decoding emits token ids): value cases
 #: compare their outputs only, ``wrt`` stays empty
-NOT_DIFFERENTIABLE = frozenset({"seq2seq_greedy", "attention_seq2seq_greedy"})
+NOT_DIFFERENTIABLE = frozenset({"seq2seq_greedy", "attention_seq2seq_greedy", "greedy_decode"})
 
 #: report order of the components (the first part of a case name)
 COMPONENTS = (
     "masks", "positional", "softmax", "sdpa", "additive", "mha", "linear",
     "layer_norm", "feed_forward", "dropout", "encoder_layer", "encoder",
-    "rnn", "gru", "seq2seq",
+    "rnn", "gru", "seq2seq", "decoder_layer", "decoder", "cross_entropy", "transformer",
 )
 
 
@@ -1324,6 +1331,9 @@ def _fuzzed(spec: str, name: str | None = None, note: str = ""):
     case = from_spec(spec, name, note)
     CASES.append(case)
 
+
+# the decoder side (SPEC 3.18-3.21): its own module, appending to CASES with these helpers
+from . import cases_decoder  # noqa: E402,F401
 
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "duplicate case names"

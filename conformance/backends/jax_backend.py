@@ -51,7 +51,8 @@ EAGER = frozenset(
 #: functions whose bad-input rules read array values (lengths, token ids):
 #: their error cases run eagerly
 VALUE_RULES = frozenset(
-    {"rnn", "gru", "seq2seq", "attention_seq2seq", "seq2seq_greedy", "attention_seq2seq_greedy"}
+    {"rnn", "gru", "seq2seq", "attention_seq2seq", "seq2seq_greedy", "attention_seq2seq_greedy",
+     "transformer", "greedy_decode", "cross_entropy", "decoder_step"}
 )
 
 
@@ -245,6 +246,10 @@ def _static_kwargs(static):
 
 
 def _is_config(value):
+    """A Python config value, or a tuple of ints (``decoder_incremental``'s ``chunks``:
+    the step sizes fix the shapes, so they are static)."""
+    if isinstance(value, tuple):
+        return all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value)
     return isinstance(value, (bool, int, float, str, np.integer, np.floating))
 
 
