@@ -37,15 +37,18 @@ from collections.abc import Mapping
 import numpy as np
 
 from .rules import (  # noqa: F401  (the tables are read from here by the mirrors)
-    _ADDITIVE, _BAHDANAU, _CELL, _EMBED, _FFN, _MHA, _NORM, _OUT, ACTIVATIONS, ADDITIVE_KEYS,
-    CELL_KEYS, DROPOUT_SITES, ENCODER_KEYS, FEED_FORWARD_KEYS, LAYER_KEYS, LAYER_NORM_KEYS,
-    MHA_KEYS, SEQ2SEQ_KEYS, WIDTHS, ArrayRules, _is_int, _type_str, rng_error, shape_str,
+    _ADDITIVE, _BAHDANAU, _CELL, _DECODER_BLOCKS, _EMBED, _ENCODER_BLOCKS, _FFN, _MHA, _NORM, _OUT,
+    _PROJECTION, _TIED_PROJECTION, _TOKEN_EMBED, ACTIVATIONS, ADDITIVE_KEYS, ALIGNS, CELL_KEYS,
+    DECODER_DROPOUT_SITES, DECODER_LAYER_KEYS, DROPOUT_SITES, ENCODER_KEYS, FEED_FORWARD_KEYS,
+    LAYER_KEYS, LAYER_NORM_KEYS, MHA_KEYS, SEQ2SEQ_KEYS, TRANSFORMER_DROPOUT_SITES, TRANSFORMER_KEYS,
+    WIDTHS, ArrayRules, _is_int, _is_number, _type_str, _value_str, rng_error, shape_str,
 )
 
 __all__ = [
     "MHA_KEYS", "ADDITIVE_KEYS", "LAYER_NORM_KEYS", "FEED_FORWARD_KEYS", "LAYER_KEYS",
     "ENCODER_KEYS", "DROPOUT_SITES", "ACTIVATIONS", "WIDTHS", "CELL_KEYS", "SEQ2SEQ_KEYS",
-    "Rules", "shape_str", "rng_error",
+    "DECODER_LAYER_KEYS", "DECODER_DROPOUT_SITES", "TRANSFORMER_KEYS", "TRANSFORMER_DROPOUT_SITES",
+    "ALIGNS", "Rules", "shape_str", "rng_error",
 ]
 
 
@@ -212,44 +215,29 @@ class Rules(ArrayRules):
         self.array(x, "x")
         self.float_(x, "x")
         self.shape(x, "x", ("B", "L", "D"))
-        self.exact_params(params, "params", ENCODER_KEYS, optional=("norm",))
-        layers = params["layers"]
-        if not isinstance(layers, (list, tuple)):
-            raise TypeError(f"params.layers: expected a list of layer params, got {_type_str(layers)}")
+        layers = self._stack(params, "params")
         H = self.heads(num_heads, x.shape[2])
         self._config(x, mask, norm_first, activation, eps, dropout_p, H)
-        if dropout_masks is not None and not isinstance(dropout_masks, (list, tuple)):
-            raise TypeError(f"dropout_masks: expected a list of {len(layers)} dicts or None "
-                            f"(one per layer), got {_type_str(dropout_masks)}")
-        if dropout_masks is not None and len(dropout_masks) != len(layers):
-            raise ValueError(f"dropout_masks: expected a list of {len(layers)} dicts or None "
-                             f"(one per layer), got {len(dropout_masks)} entries")
-        per_layer = list(dropout_masks) if dropout_masks is not None else [None] * len(layers)
+        per_layer = self._per_layer(dropout_masks, "dropout_masks", len(layers))
         for i, layer in enumerate(layers):
-            masks, _ = self.encoder_layer(x, layer, num_heads, mask, norm_first, activation, eps,
-                                          dropout_p, per_layer[i], f"params.layers.{i}",
-                                          f"dropout_masks[{i}]")
-            per_layer[i] = masks
-        if "norm" in params:
-            named = self.leaves(params["norm"], "params.norm", _NORM)
-            self.same_float_dtype({"x": x, **named})
-            self.shapes(named, _NORM, {"D": x.shape[2]})
-            for name, y in named.items():
-                self.same_device(y, name, x, "x")
+            per_layer[i], _ = self.encoder_layer(x, layer, num_heads, mask, norm_first, activation,
+                                                 eps, dropout_p, per_layer[i], f"params.layers.{i}",
+                                                 f"dropout_masks[{i}]")
+        self._final_norm(params, "params", x, "x")
         return per_layer
 
-    def _layer_leaves(self, params, prefix) -> dict:
-        self.exact_params(params, prefix, LAYER_KEYS)
-        tables = {"self_attn": _MHA, "ffn": _FFN, "norm1": _NORM, "norm2": _NORM}
+    def _layer_leaves(self, params, prefix, blocks=_ENCODER_BLOCKS) -> dict:
+        """One layer's keys (exactly ``blocks``), each block's leaves; ``{"<prefix>.<block>.<key>": leaf}``."""
+        self.exact_params(params, prefix, tuple(blocks))
         named = {}
-        for block, table in tables.items():
+        for block, table in blocks.items():
             named.update(self.leaves(params[block], f"{prefix}.{block}", table))
         return named
 
-    def _layer_shapes(self, named, prefix, D) -> int:
+    def _layer_shapes(self, named, prefix, D, blocks=_ENCODER_BLOCKS) -> int:
         """Every leaf's shape, block by block; returns ``F``."""
         F = None
-        for block, table in (("self_attn", _MHA), ("ffn", _FFN), ("norm1", _NORM), ("norm2", _NORM)):
+        for block, table in blocks.items():
             mine = {n: x for n, x in named.items() if n.startswith(f"{prefix}.{block}.")}
             sizes = self.shapes(mine, table, {"D": D})
             F = sizes.get("F", F)
@@ -266,18 +254,18 @@ class Rules(ArrayRules):
         self.eps(eps)
         self.probability(dropout_p, "dropout_p")
 
-    def _site_masks(self, dropout_masks, name, shapes, ref) -> dict:
-        """The four sites' keep-masks from a dict (or None): known keys, bool, exact shapes."""
+    def _site_masks(self, dropout_masks, name, shapes, ref, sites=DROPOUT_SITES) -> dict:
+        """The sites' keep-masks from a dict (or None): known keys, bool, exact shapes."""
         if dropout_masks is None:
             dropout_masks = {}
         if not isinstance(dropout_masks, Mapping):
-            raise TypeError(f"{name}: expected a dict keyed by {list(DROPOUT_SITES)} or None, "
+            raise TypeError(f"{name}: expected a dict keyed by {list(sites)} or None, "
                             f"got {_type_str(dropout_masks)}")
-        unknown = sorted(str(k) for k in dropout_masks if k not in DROPOUT_SITES)
+        unknown = sorted(str(k) for k in dropout_masks if k not in sites)
         if unknown:
             raise ValueError(f"{name}: unknown dropout site(s) {unknown}; "
-                             f"expected keys among {list(DROPOUT_SITES)}")
-        masks = {site: dropout_masks.get(site) for site in DROPOUT_SITES}
+                             f"expected keys among {list(sites)}")
+        masks = {site: dropout_masks.get(site) for site in sites}
         for site, m in masks.items():
             if m is not None:
                 where = f'{name}["{site}"]'
@@ -459,6 +447,434 @@ class Rules(ArrayRules):
             self.same_device(x, name, ref, ref_name)
 
 
+    # ---- the decoder side: decoder layer and stack, KV cache, transformer, loss ----
+    # (SPEC 3.18-3.21). x is the decoder's input (B, L, D), memory the
+    # encoder's output (B, S, D); a step's x is (B, T, D), T new tokens.
+
+    def decoder_layer(self, x, memory, params, num_heads, self_mask, memory_mask, norm_first,
+                      activation, eps, dropout_p, dropout_masks, need_weights=False,
+                      prefix="params", masks_name="dropout_masks"):
+        """``decoder_layer``, every sublayer checked before anything runs.
+
+        Returns:
+          ``(masks, shapes)``: the keep-mask of each of the six sites (None
+          where not given) and the shape each site's mask must have.
+        """
+        B, L, D, S = self._decoder_inputs(x, memory)
+        named = self._layer_leaves(params, prefix, _DECODER_BLOCKS)
+        self.same_float_dtype({"x": x, "memory": memory, **named})
+        H = self.heads(num_heads, D)
+        F = self._layer_shapes(named, prefix, D, _DECODER_BLOCKS)
+        for name, y in named.items():
+            self.same_device(y, name, x, "x")
+        self._decoder_config(x, memory, self_mask, memory_mask, norm_first, activation, eps,
+                             dropout_p, H)
+        self.flag(need_weights, "need_weights")
+        shapes = {"attention": (B, H, L, L), "cross_attention": (B, H, L, S), "ffn": (B, L, F),
+                  "residual_attn": (B, L, D), "residual_cross": (B, L, D), "residual_ffn": (B, L, D)}
+        masks = self._site_masks(dropout_masks, masks_name, shapes, x, DECODER_DROPOUT_SITES)
+        return masks, shapes
+
+    def decoder(self, x, memory, params, num_heads, self_mask, memory_mask, norm_first, activation,
+                eps, dropout_p, dropout_masks) -> list:
+        """``decoder``: the configuration (even with zero layers), every layer
+        as ``params.layers.<i>``, the final norm. Returns each layer's dict of
+        given keep-masks, named ``dropout_masks[<i>]``."""
+        self._decoder_inputs(x, memory)
+        self.same_float_dtype({"x": x, "memory": memory})
+        layers = self._stack(params, "params")
+        H = self.heads(num_heads, x.shape[2])
+        self._decoder_config(x, memory, self_mask, memory_mask, norm_first, activation, eps,
+                             dropout_p, H)
+        per_layer = self._per_layer(dropout_masks, "dropout_masks", len(layers))
+        for i, layer in enumerate(layers):
+            per_layer[i], _ = self.decoder_layer(
+                x, memory, layer, num_heads, self_mask, memory_mask, norm_first, activation, eps,
+                dropout_p, per_layer[i], False, f"params.layers.{i}", f"dropout_masks[{i}]")
+        self._final_norm(params, "params", x, "x")
+        return per_layer
+
+    def _decoder_inputs(self, x, memory) -> tuple:
+        """``x (B, L, D)`` and ``memory (B, S, D)``, floats; returns ``(B, L, D, S)``."""
+        self.array(x, "x")
+        self.float_(x, "x")
+        self.shape(x, "x", ("B", "L", "D"))
+        B, L, D = (int(n) for n in x.shape)
+        self.array(memory, "memory")
+        self.float_(memory, "memory")
+        self.shape(memory, "memory", ("B", "S", "D"), {"B": B, "D": D})
+        self.same_device(memory, "memory", x, "x")
+        return B, L, D, int(memory.shape[1])
+
+    def _decoder_config(self, x, memory, self_mask, memory_mask, norm_first, activation, eps,
+                        dropout_p, H) -> None:
+        """The configuration a decoder layer shares with the whole stack."""
+        B, L, _ = x.shape
+        S = memory.shape[1]
+        for name, m in (("self_mask", self_mask), ("memory_mask", memory_mask)):
+            if m is not None:
+                self.array(m, name)
+        self._mask(self_mask, "self_mask", x, "x", (B, H, L, L), ("B", "H", "L", "L"))
+        self._mask(memory_mask, "memory_mask", x, "x", (B, H, L, S), ("B", "H", "L", "S"))
+        self.flag(norm_first, "norm_first")
+        self.choice(activation, "activation", ACTIVATIONS)
+        self.eps(eps)
+        self.probability(dropout_p, "dropout_p")
+
+    def _stack(self, params, prefix) -> list:
+        """An encoder or decoder stack's dict: ``layers`` (a list) and an optional ``norm``."""
+        self.exact_params(params, prefix, ENCODER_KEYS, optional=("norm",))
+        layers = params["layers"]
+        if not isinstance(layers, (list, tuple)):
+            raise TypeError(f"{prefix}.layers: expected a list of layer params, got {_type_str(layers)}")
+        return list(layers)
+
+    def _per_layer(self, dropout_masks, name, n) -> list:
+        """A list of ``n`` per-layer dicts (or None), or None: as a list of n entries."""
+        if dropout_masks is not None and not isinstance(dropout_masks, (list, tuple)):
+            raise TypeError(f"{name}: expected a list of {n} dicts or None "
+                            f"(one per layer), got {_type_str(dropout_masks)}")
+        if dropout_masks is not None and len(dropout_masks) != n:
+            raise ValueError(f"{name}: expected a list of {n} dicts or None "
+                             f"(one per layer), got {len(dropout_masks)} entries")
+        return list(dropout_masks) if dropout_masks is not None else [None] * n
+
+    def _final_norm(self, params, prefix, ref, ref_name, D=None) -> None:
+        """A stack's optional final norm: ``gamma``/``beta (D,)`` (D: ``ref``'s last
+        axis unless given) of ``ref``'s dtype and device."""
+        if "norm" not in params:
+            return
+        named = self.leaves(params["norm"], f"{prefix}.norm", _NORM)
+        self.same_float_dtype({ref_name: ref, **named})
+        self.shapes(named, _NORM, {"D": ref.shape[-1] if D is None else D})
+        for name, y in named.items():
+            self.same_device(y, name, ref, ref_name)
+
+    def _stack_leaves(self, params, prefix, blocks, D, ref, ref_name) -> list:
+        """Every layer of a stack (``<prefix>.layers.<i>``) and its final norm, in
+        ``ref``'s dtype and on its device, of width ``D``; returns each layer's ``F``."""
+        widths = []
+        for i, layer in enumerate(self._stack(params, prefix)):
+            where = f"{prefix}.layers.{i}"
+            named = self._layer_leaves(layer, where, blocks)
+            self.same_float_dtype({ref_name: ref, **named})
+            widths.append(self._layer_shapes(named, where, D, blocks))
+            for name, y in named.items():
+                self.same_device(y, name, ref, ref_name)
+        self._final_norm(params, prefix, ref, ref_name, D)
+        return widths
+
+    # ---- the KV cache (SPEC 3.20) ---------------------------------------------
+
+    def init_attention_cache(self, batch_size, num_heads, capacity, d_model) -> tuple:
+        """``init_attention_cache``: counts; ``num_heads`` divides ``d_model``.
+        Returns ``(B, H, C, D)``."""
+        B = self.count(batch_size, "batch_size")
+        D = self.count(d_model, "d_model", 1)
+        H = self.heads(num_heads, D)
+        return B, H, self.count(capacity, "capacity"), D
+
+    def self_attention_step(self, x, params, num_heads, cache) -> None:
+        """``self_attention_step``: ``x (B, T, D)``, the eight mha params, a cache
+        of ``(B, H, C, Dh)`` with room for T more tokens."""
+        named = self.leaves(params, "params", _MHA)
+        self.array(x, "x")
+        self.same_float_dtype({"x": x, **named})
+        self.shape(x, "x", ("B", "T", "D"))
+        B, T, D = (int(n) for n in x.shape)
+        H = self.heads(num_heads, D)
+        self.shapes(named, _MHA, {"D": D})
+        for name, y in named.items():
+            self.same_device(y, name, x, "x")
+        self._attention_cache(cache, "cache", x, B, H, D // H, T)
+
+    def init_decoder_cache(self, memory, params, num_heads, capacity, layer=False) -> int:
+        """``init_decoder_cache`` (``layer=False``: decoder params) and
+        ``init_decoder_layer_cache`` (``layer=True``: one layer's params).
+        Returns the capacity ``C``."""
+        self.array(memory, "memory")
+        self.float_(memory, "memory")
+        self.shape(memory, "memory", ("B", "S", "D"))
+        D = int(memory.shape[2])
+        if layer:
+            named = self._layer_leaves(params, "params", _DECODER_BLOCKS)
+            self.same_float_dtype({"memory": memory, **named})
+            self._layer_shapes(named, "params", D, _DECODER_BLOCKS)
+            for name, y in named.items():
+                self.same_device(y, name, memory, "memory")
+        else:
+            self._stack_leaves(params, "params", _DECODER_BLOCKS, D, memory, "memory")
+        self.heads(num_heads, D)
+        return self.count(capacity, "capacity")
+
+    def decoder_step(self, x, cache, params, num_heads, memory_mask, norm_first, activation, eps,
+                     layer=False) -> None:
+        """``decoder_step`` (``layer=False``) and ``decoder_layer_step`` (``layer=True``):
+        ``x (B, T, D)``; the params; a cache from ``init_decoder_cache`` for
+        the same batch, heads, widths and dtype, with room for T more tokens;
+        ``memory_mask`` broadcastable to ``(B, H, T, S)``."""
+        self.array(x, "x")
+        self.float_(x, "x")
+        self.shape(x, "x", ("B", "T", "D"))
+        B, T, D = (int(n) for n in x.shape)
+        if layer:
+            named = self._layer_leaves(params, "params", _DECODER_BLOCKS)
+            self.same_float_dtype({"x": x, **named})
+            self._layer_shapes(named, "params", D, _DECODER_BLOCKS)
+            for name, y in named.items():
+                self.same_device(y, name, x, "x")
+            n_layers = None
+        else:
+            n_layers = len(self._stack_leaves(params, "params", _DECODER_BLOCKS, D, x, "x"))
+        H = self.heads(num_heads, D)
+        S = self._decoder_cache(cache, x, B, H, D // H, T, n_layers)
+        if memory_mask is not None:
+            self.array(memory_mask, "memory_mask")
+            if S is None:  # no layer, no memory: only the kind is checked
+                self.bool_(memory_mask, "memory_mask")
+            else:
+                self._mask(memory_mask, "memory_mask", x, "x", (B, H, T, S), ("B", "H", "T", "S"))
+        self.flag(norm_first, "norm_first")
+        self.choice(activation, "activation", ACTIVATIONS)
+        self.eps(eps)
+
+    def decoder_incremental(self, x, memory, params, num_heads, chunks, memory_mask, norm_first,
+                            activation, eps) -> tuple:
+        """``decoder_incremental``: as :meth:`decoder` without self_mask and
+        dropout; ``chunks`` non-negative ints summing to ``L``. Returns the chunks."""
+        self.decoder(x, memory, params, num_heads, None, memory_mask, norm_first, activation, eps,
+                     0.0, None)
+        L = int(x.shape[1])
+        if not isinstance(chunks, (list, tuple)) or not all(_is_int(n) for n in chunks):
+            raise TypeError(f"chunks: expected a list of ints (token counts per step), "
+                            f"got {_value_str(chunks) if not isinstance(chunks, (list, tuple)) else chunks}")
+        chunks = tuple(int(n) for n in chunks)
+        if any(n < 0 for n in chunks) or sum(chunks) != L:
+            raise ValueError(f"chunks: expected non-negative token counts summing to L={L}, "
+                             f"got {list(chunks)}")
+        return chunks
+
+    def _attention_cache(self, cache, name, x, B, H, Dh, T) -> int:
+        """``{"k", "v": (B, H, C, Dh), "length": int ()}`` in x's dtype and device,
+        ``0 <= length`` and ``length + T <= C`` (values checked when concrete).
+        Returns ``C``."""
+        self.exact_params(cache, name, ("k", "v", "length"))
+        k, v, length = cache["k"], cache["v"], cache["length"]
+        self.arrays({f"{name}.k": k, f"{name}.v": v, f"{name}.length": length})
+        self.same_float_dtype({"x": x, f"{name}.k": k, f"{name}.v": v})
+        self.shape(k, f"{name}.k", ("B", "H", "C", "Dh"), {"B": B, "H": H, "Dh": Dh})
+        C = int(k.shape[2])
+        self.shape(v, f"{name}.v", ("B", "H", "C", "Dh"), {"B": B, "H": H, "C": C, "Dh": Dh})
+        self.int_(length, f"{name}.length")
+        self.shape(length, f"{name}.length", ())
+        for where, y in ((f"{name}.k", k), (f"{name}.v", v), (f"{name}.length", length)):
+            self.same_device(y, where, x, "x")
+        if self.is_concrete(length):
+            n = int(length.tolist())
+            if not 0 <= n <= C:
+                raise ValueError(f"{name}.length: expected a filled length in [0, C] with C={C}, got {n}")
+            if n + T > C:
+                raise ValueError(f"x: expected at most C - length = {C - n} new tokens (cache capacity "
+                                 f"C={C}, filled length={n}), got T={T}")
+        return C
+
+    def _decoder_cache(self, cache, x, B, H, Dh, T, n_layers):
+        """A decoder layer's cache (``n_layers`` None) or a stack's ``{"layers": [...]}``;
+        every layer's ``cross_attn`` K/V ``(B, H, S, Dh)`` share S, and (when
+        concrete) every layer's filled length is the same. Returns ``S`` (None
+        for a stack of zero layers)."""
+        if n_layers is None:
+            return self._layer_cache(cache, "cache", x, B, H, Dh, T)
+        self.exact_params(cache, "cache", ("layers",))
+        layers = cache["layers"]
+        if not isinstance(layers, (list, tuple)):
+            raise TypeError(f"cache.layers: expected a list of layer caches, got {_type_str(layers)}")
+        if len(layers) != n_layers:
+            raise ValueError(f"cache.layers: expected {n_layers} layer caches (one per layer of params), "
+                             f"got {len(layers)}")
+        S, lengths = None, []
+        for i, layer_cache in enumerate(layers):
+            S_i = self._layer_cache(layer_cache, f"cache.layers.{i}", x, B, H, Dh, T, S)
+            S = S_i if S is None else S
+            length = layer_cache["self_attn"]["length"]
+            if self.is_concrete(length):
+                lengths.append(int(length.tolist()))
+        if len(set(lengths)) > 1:
+            raise ValueError(f"cache.layers: expected one filled length in every layer, got {lengths}")
+        return S
+
+    def _layer_cache(self, cache, name, x, B, H, Dh, T, S=None) -> int:
+        """``{"self_attn": attention cache, "cross_attn": {"k", "v": (B, H, S, Dh)}}``; returns S."""
+        self.exact_params(cache, name, ("self_attn", "cross_attn"))
+        self._attention_cache(cache["self_attn"], f"{name}.self_attn", x, B, H, Dh, T)
+        cross = cache["cross_attn"]
+        where = f"{name}.cross_attn"
+        self.exact_params(cross, where, ("k", "v"))
+        k, v = cross["k"], cross["v"]
+        self.arrays({f"{where}.k": k, f"{where}.v": v})
+        self.same_float_dtype({"x": x, f"{where}.k": k, f"{where}.v": v})
+        self.shape(k, f"{where}.k", ("B", "H", "S", "Dh"), {"B": B, "H": H, "S": S, "Dh": Dh})
+        S = int(k.shape[2])
+        self.shape(v, f"{where}.v", ("B", "H", "S", "Dh"), {"B": B, "H": H, "S": S, "Dh": Dh})
+        for w, y in ((f"{where}.k", k), (f"{where}.v", v)):
+            self.same_device(y, w, x, "x")
+        return S
+
+    # ---- the encoder-decoder Transformer and its loss (SPEC 3.21) -----------------
+
+    def transformer(self, src, tgt, params, num_heads, src_lengths, tgt_lengths, tie_embeddings,
+                    norm_first, activation, eps, dropout_p, dropout_masks) -> dict:
+        """``transformer``: the params (embeddings, both stacks, the projection,
+        tied or not), ``src (B, S)`` and ``tgt (B, L)`` token ids in range, the
+        lengths, the configuration, the keep-masks.
+
+        Returns:
+          ``{"src_embed": mask or None, "tgt_embed": mask or None,
+          "encoder": [per-layer dict], "decoder": [per-layer dict]}``.
+        """
+        sizes, widths = self._transformer_params(params, tie_embeddings)
+        D = sizes["D"]
+        self.tokens(src, "src", ("B", "S"), {}, "Vs", sizes["Vs"])
+        B, S = (int(n) for n in src.shape)
+        self.tokens(tgt, "tgt", ("B", "L"), {"B": B}, "Vt", sizes["Vt"])
+        L = int(tgt.shape[1])
+        self.same_device(tgt, "tgt", src, "src")
+        for name, lengths, n, letter in (("src_lengths", src_lengths, S, "S"),
+                                         ("tgt_lengths", tgt_lengths, L, "L")):
+            if lengths is not None:
+                self.array(lengths, name)
+            self.lengths(lengths, name, B, letter, n)
+            self.same_device(lengths, name, src, "src")
+        self._params_on(params, src)
+        H = self.heads(num_heads, D)
+        self.flag(norm_first, "norm_first")
+        self.choice(activation, "activation", ACTIVATIONS)
+        self.eps(eps)
+        self.probability(dropout_p, "dropout_p")
+        if dropout_masks is None:
+            dropout_masks = {}
+        if not isinstance(dropout_masks, Mapping):
+            raise TypeError(f"dropout_masks: expected a dict keyed by {list(TRANSFORMER_DROPOUT_SITES)} "
+                            f"or None, got {_type_str(dropout_masks)}")
+        unknown = sorted(str(k) for k in dropout_masks if k not in TRANSFORMER_DROPOUT_SITES)
+        if unknown:
+            raise ValueError(f"dropout_masks: unknown dropout site(s) {unknown}; "
+                             f"expected keys among {list(TRANSFORMER_DROPOUT_SITES)}")
+        masks = {}
+        for site, shape in (("src_embed", (B, S, D)), ("tgt_embed", (B, L, D))):
+            m = masks[site] = dropout_masks.get(site)
+            if m is not None:
+                where = f'dropout_masks["{site}"]'
+                self.array(m, where)
+                self.bool_(m, where)
+                self.exact_shape(m, where, shape)
+                self.same_device(m, where, src, "src")
+        for stack, blocks, sites, shapes in (
+            ("encoder", _ENCODER_BLOCKS, DROPOUT_SITES,
+             lambda F: {"attention": (B, H, S, S), "ffn": (B, S, F), "residual_attn": (B, S, D),
+                        "residual_ffn": (B, S, D)}),
+            ("decoder", _DECODER_BLOCKS, DECODER_DROPOUT_SITES,
+             lambda F: {"attention": (B, H, L, L), "cross_attention": (B, H, L, S), "ffn": (B, L, F),
+                        "residual_attn": (B, L, D), "residual_cross": (B, L, D),
+                        "residual_ffn": (B, L, D)}),
+        ):
+            name = f'dropout_masks["{stack}"]'
+            per_layer = self._per_layer(dropout_masks.get(stack), name, len(widths[stack]))
+            masks[stack] = [self._site_masks(m, f"{name}[{i}]", shapes(F), src, sites)
+                            for i, (m, F) in enumerate(zip(per_layer, widths[stack]))]
+        return masks
+
+    def greedy_decode(self, src, params, num_heads, bos, max_len, src_lengths, use_cache,
+                      tie_embeddings, norm_first, activation, eps, temperature=None) -> tuple:
+        """``greedy_decode`` and ``sample_decode`` (with ``temperature``, a finite
+        number > 0): the transformer's params and ``src``; ``bos`` a token id in
+        ``[0, Vt)``; ``max_len >= 0``. Returns ``(bos, max_len)`` as Python ints."""
+        sizes, _ = self._transformer_params(params, tie_embeddings)
+        self.tokens(src, "src", ("B", "S"), {}, "Vs", sizes["Vs"])
+        B, S = (int(n) for n in src.shape)
+        if src_lengths is not None:
+            self.array(src_lengths, "src_lengths")
+        self.lengths(src_lengths, "src_lengths", B, "S", S)
+        self.same_device(src_lengths, "src_lengths", src, "src")
+        self._params_on(params, src)
+        self.heads(num_heads, sizes["D"])
+        bos = self.integer(bos, "bos")
+        if not 0 <= bos < sizes["Vt"]:
+            raise ValueError(f"bos: expected a token id in [0, Vt) with Vt={sizes['Vt']}, got {bos}")
+        max_len = self.count(max_len, "max_len")
+        if use_cache is not None:
+            self.flag(use_cache, "use_cache")
+        self.flag(norm_first, "norm_first")
+        self.choice(activation, "activation", ACTIVATIONS)
+        self.eps(eps)
+        if temperature is not None:
+            value = self.number(temperature, "temperature", static=True)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"temperature: expected a finite number > 0, got {temperature}")
+        return bos, max_len
+
+    def sample_decode(self, src, params, num_heads, bos, max_len, src_lengths, temperature,
+                      tie_embeddings, norm_first, activation, eps) -> tuple:
+        """``sample_decode``: :meth:`greedy_decode`'s rules and ``temperature > 0``."""
+        return self.greedy_decode(src, params, num_heads, bos, max_len, src_lengths, None,
+                                  tie_embeddings, norm_first, activation, eps, temperature)
+
+    def _transformer_params(self, params, tie_embeddings) -> tuple:
+        """Keys, the embeddings and the projection (``out`` is ``{"b"}`` when tied),
+        both stacks, one float dtype. Returns ``(sizes {"Vs", "Vt", "D"},
+        {"encoder": [F per layer], "decoder": [F per layer]})``."""
+        self.flag(tie_embeddings, "tie_embeddings")
+        self.exact_params(params, "params", TRANSFORMER_KEYS)
+        embeds = {f"params.{k}": params[k] for k in _TOKEN_EMBED}
+        self.arrays(embeds)
+        out_table = _TIED_PROJECTION if tie_embeddings else _PROJECTION
+        out = self.leaves(params["out"], "params.out", out_table)
+        ref_name = "params.src_embed"
+        ref = embeds[ref_name]
+        self.same_float_dtype({**embeds, **out})
+        sizes = self.shapes(embeds, _TOKEN_EMBED, {})
+        self.shapes(out, out_table, {"D": sizes["D"], "Vt": sizes["Vt"]})
+        widths = {stack: self._stack_leaves(params[stack], f"params.{stack}", blocks, sizes["D"],
+                                            ref, ref_name)
+                  for stack, blocks in (("encoder", _ENCODER_BLOCKS), ("decoder", _DECODER_BLOCKS))}
+        return sizes, widths
+
+    def _params_on(self, params, src) -> None:
+        """The embeddings and the projection on ``src``'s device (the stacks'
+        leaves were checked against the source embedding's)."""
+        for key in ("src_embed", "tgt_embed"):
+            self.same_device(params[key], f"params.{key}", src, "src")
+        for key, y in params["out"].items():
+            self.same_device(y, f"params.out.{key}", src, "src")
+
+    def cross_entropy(self, logits, targets, ignore_index, label_smoothing) -> tuple:
+        """``cross_entropy``: ``logits (..., V)`` float, ``targets (...)`` int ids
+        in ``[0, V)`` or ``ignore_index``; ``label_smoothing`` in ``[0, 1)``.
+        Returns ``(ignore_index, label_smoothing)``."""
+        self.arrays({"logits": logits, "targets": targets})
+        self.float_(logits, "logits")
+        self.last_axis(logits, "logits", "V")
+        V = int(logits.shape[-1])
+        self.int_(targets, "targets")
+        self.exact_shape(targets, "targets", logits.shape[:-1], " (the leading shape of logits)")
+        self.same_device(targets, "targets", logits, "logits")
+        if ignore_index is not None:
+            ignore_index = self.integer(ignore_index, "ignore_index")
+        if not _is_number(label_smoothing):
+            raise TypeError(f"label_smoothing: expected a real number, got {_value_str(label_smoothing)}")
+        smoothing = float(label_smoothing)
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"label_smoothing: expected a number in [0, 1), got {label_smoothing}")
+        if self.is_concrete(targets) and math.prod(targets.shape) > 0:
+            ids = np.asarray(targets.tolist()).reshape(-1)
+            if ignore_index is not None:
+                ids = ids[ids != ignore_index]
+            if ids.size and (ids.min() < 0 or ids.max() >= V):
+                extra = f" or ignore_index={ignore_index}" if ignore_index is not None else ""
+                raise ValueError(f"targets: expected class ids in [0, V) with V={V}{extra}, "
+                                 f"got ids in [{int(ids.min())}, {int(ids.max())}]")
+        return ignore_index, smoothing
+
     # ---- masks and tables -----------------------------------------------------
 
     def host_array(self, value, name: str, what: str):
@@ -506,10 +922,13 @@ class Rules(ArrayRules):
                              f"got {values}")
         return lengths, max_len, None, pad_id
 
-    def causal_mask(self, Lq, Lk):
-        """``causal_mask``: two non-negative ints (``Lk`` defaults to ``Lq``)."""
+    def causal_mask(self, Lq, Lk, align="top_left"):
+        """``causal_mask``: two non-negative ints (``Lk`` defaults to ``Lq``) and an alignment.
+        Returns ``(Lq, Lk, align)``."""
         Lq = self.count(Lq, "Lq")
-        return Lq, Lq if Lk is None else self.count(Lk, "Lk")
+        Lk = Lq if Lk is None else self.count(Lk, "Lk")
+        self.choice(align, "align", ALIGNS)
+        return Lq, Lk, align
 
     def combine_masks(self, masks) -> list:
         """``combine_masks``: bool masks broadcastable with one another; None skipped.
@@ -599,8 +1018,9 @@ class Rules(ArrayRules):
                              f"forward ran with (here {p_name}={p}), got None")
 
     def require_site_masks(self, masks: dict, dropout_p, name: str) -> None:
-        """``encoder_layer_backward``: with dropout, all four sites' keep-masks."""
+        """``encoder_layer_backward`` and the like: with dropout, every site's keep-mask."""
         missing = [site for site, m in masks.items() if m is None]
+        words = {4: "four", 6: "six"}.get(len(masks), str(len(masks)))
         if float(dropout_p) > 0 and missing:
             raise ValueError(f"{name}: a backward pass with dropout_p > 0 needs the keep-masks of all "
-                             f"four sites the forward ran with; missing {missing}")
+                             f"{words} sites the forward ran with; missing {missing}")

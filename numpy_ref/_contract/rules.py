@@ -29,7 +29,8 @@ import numpy as np
 __all__ = [
     "MHA_KEYS", "ADDITIVE_KEYS", "LAYER_NORM_KEYS", "FEED_FORWARD_KEYS", "LAYER_KEYS",
     "ENCODER_KEYS", "DROPOUT_SITES", "ACTIVATIONS", "WIDTHS", "CELL_KEYS", "SEQ2SEQ_KEYS",
-    "ArrayRules", "shape_str", "rng_error",
+    "DECODER_LAYER_KEYS", "DECODER_DROPOUT_SITES", "TRANSFORMER_KEYS", "TRANSFORMER_DROPOUT_SITES",
+    "ALIGNS", "ArrayRules", "shape_str", "rng_error",
 ]
 
 # --------------------------------------------------------------------------
@@ -45,10 +46,19 @@ DROPOUT_SITES = ("attention", "ffn", "residual_attn", "residual_ffn")
 ACTIVATIONS = ("relu", "gelu")
 CELL_KEYS = ("w_ih", "w_hh", "b_ih", "b_hh")  # an RNN or GRU cell
 SEQ2SEQ_KEYS = ("src_embed", "tgt_embed", "encoder", "decoder", "out")  # and "attention", with attention
+DECODER_LAYER_KEYS = ("self_attn", "cross_attn", "ffn", "norm1", "norm2", "norm3")
+#: the decoder layer's keep-mask sites: the encoder's four, and the cross-attention's two
+DECODER_DROPOUT_SITES = ("attention", "cross_attention", "ffn", "residual_attn", "residual_cross",
+                         "residual_ffn")
+TRANSFORMER_KEYS = ("src_embed", "tgt_embed", "encoder", "decoder", "out")
+#: the transformer's dropout_masks keys: the two embedding sums, and each stack's list
+TRANSFORMER_DROPOUT_SITES = ("src_embed", "tgt_embed", "encoder", "decoder")
+#: where a causal mask puts the last query when Lq != Lk (SPEC 3.2)
+ALIGNS = ("top_left", "bottom_right")
 
 #: shape letters of widths: never 0 (a batch or length axis may be)
 WIDTHS = frozenset({"D", "Dk", "Dv", "Dq", "Dh", "A", "F", "D_in", "D_out",
-                    "I", "Hs", "3Hs", "2Hs", "E", "E+Hs", "Vs", "Vt"})
+                    "I", "Hs", "3Hs", "2Hs", "E", "E+Hs", "Vs", "Vt", "V"})
 
 _MHA = {k: ("D", "D") if k.startswith("w") else ("D",) for k in MHA_KEYS}
 _FFN = {"w_1": ("D", "F"), "b_1": ("F",), "w_2": ("F", "D"), "b_2": ("D",)}
@@ -59,6 +69,13 @@ _CELL = {"w_hh": ("Hs", "G"), "w_ih": ("I", "G"), "b_ih": ("G",), "b_hh": ("G",)
 _EMBED = {"src_embed": ("Vs", "E"), "tgt_embed": ("Vt", "E")}
 _OUT = {"w": ("2Hs", "Vt"), "b": ("Vt",)}
 _BAHDANAU = {"w_1": ("Hs", "A"), "w_2": ("Hs", "A"), "v": ("A",)}  # additive attention, Dk = Dq = Hs
+#: the blocks of one layer and their leaf tables
+_ENCODER_BLOCKS = {"self_attn": _MHA, "ffn": _FFN, "norm1": _NORM, "norm2": _NORM}
+_DECODER_BLOCKS = {"self_attn": _MHA, "cross_attn": _MHA, "ffn": _FFN, "norm1": _NORM, "norm2": _NORM,
+                   "norm3": _NORM}
+_TOKEN_EMBED = {"src_embed": ("Vs", "D"), "tgt_embed": ("Vt", "D")}
+_PROJECTION = {"w": ("D", "Vt"), "b": ("Vt",)}
+_TIED_PROJECTION = {"b": ("Vt",)}  # logits = y @ tgt_embedᵀ + b
 
 
 # --------------------------------------------------------------------------
