@@ -30,6 +30,8 @@ PEERS = {
     "torch-sdpa": "conformance.backends.peers:TorchSdpaPeer",
     "torch-mha": "conformance.backends.peers:TorchMhaPeer",
     "torch-encoder-layer": "conformance.backends.peers:TorchEncoderLayerPeer",
+    "torch-decoder-layer": "conformance.backends.peers:TorchDecoderLayerPeer",
+    "torch-decoder": "conformance.backends.peers:TorchDecoderPeer",
     "jax-dpa": "conformance.backends.peers:JaxDpaPeer",
 }
 

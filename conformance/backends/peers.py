@@ -25,6 +25,10 @@ failure is one of those, and that every one of those really occurs.
   (``torch._transformer_encoder_layer_fwd``) would also need an even head
   count, and every catalog case has ``H = 3``: it is not reached here
   (``tests/torch_impl/test_oracles.py`` keeps its tests, ``H = 4``).
+- ``torch-decoder-layer`` / ``torch-decoder``: ``nn.TransformerDecoderLayer``
+  and ``nn.TransformerDecoder`` (``batch_first=True``), both norm orders,
+  eval mode, weights by ``torch_impl.interop.decoder_layer_params_to_torch``
+  / ``decoder_params_to_torch``, the self and memory masks in its polarity.
 - ``jax-dpa``: ``jax.nn.dot_product_attention(implementation="xla")`` on the
   ``scaled_dot_product_attention`` cases without dropout, in its
   ``(B, L, H, Dh)`` layout (``(B, H, L, Dh)`` here; a rank-3 ``(B, L, Dk)``
@@ -45,7 +49,8 @@ from ..protocol import Call, Difference, Result, get_path
 from .jax_backend import JaxBackend
 from .torch_backend import TorchBackend, _to_numpy
 
-__all__ = ["TorchSdpaPeer", "TorchMhaPeer", "TorchEncoderLayerPeer", "JaxDpaPeer"]
+__all__ = ["TorchSdpaPeer", "TorchMhaPeer", "TorchEncoderLayerPeer", "TorchDecoderLayerPeer",
+           "TorchDecoderPeer", "JaxDpaPeer"]
 
 
 def _reads_unread_keys(cases: str) -> Difference:
@@ -230,6 +235,74 @@ class TorchEncoderLayerPeer(_TorchPeer):
             layer, interop.encoder_layer_params_to_torch(kw["params"]), (x,),
             {"src_mask": attn_mask, "src_key_padding_mask": key_padding_mask})
         return {"out": out}
+
+
+class TorchDecoderLayerPeer(_TorchPeer):
+    name = "torch-decoder-layer"
+    builtin = "torch.nn.TransformerDecoderLayer"
+    function = "decoder_layer"
+    conventions = ("masks: `True` = **ignore**; the adapter inverts them (`tgt_mask`, `memory_mask`, "
+                   "`*_key_padding_mask`)",
+                   "eval mode, autograd on (no fast path exists for the decoder layer)")
+    differences = (
+        Difference(
+            "fully-masked-memory-nan",
+            "a batch row whose source is fully padded gets NaN from the cross-attention "
+            "(nn.MultiheadAttention's softmax of an all -inf row), in the outputs and every "
+            "gradient; the spec gives 0 (SPEC 3.4)",
+            cases="decoder_layer/post/fully-masked-memory"),
+    )
+
+    def forward(self, kw: dict) -> dict:
+        return {"out": _torch_decoder(kw, stack=False)}
+
+
+class TorchDecoderPeer(_TorchPeer):
+    name = "torch-decoder"
+    builtin = "torch.nn.TransformerDecoder"
+    function = "decoder"
+    conventions = ("masks: `True` = **ignore**, inverted as for the layer",
+                   "the final norm is `nn.TransformerDecoder(norm=nn.LayerNorm)` iff the params have one")
+
+    def supports(self, call: Call) -> bool:  # a stack of zero layers has no nn.TransformerDecoder
+        return super().supports(call) and len(call.kwargs["params"]["layers"]) > 0
+
+    def forward(self, kw: dict) -> dict:
+        return {"out": _torch_decoder(kw, stack=True)}
+
+
+def _torch_decoder(kw: dict, stack: bool):
+    """``nn.TransformerDecoderLayer`` (or a ``nn.TransformerDecoder`` of them)
+    with the case's parameters and masks in PyTorch's polarity."""
+    import torch
+    from torch import nn
+
+    from torch_impl import interop
+
+    x, memory = kw["x"], kw["memory"]
+    B, L, D = x.shape
+    S = memory.shape[1]
+    params = kw["params"]
+    layers = params["layers"] if stack else [params]
+    H, F = kw["num_heads"], layers[0]["ffn"]["w_1"].shape[1]
+
+    def layer():
+        return nn.TransformerDecoderLayer(
+            D, H, F, dropout=0.0, activation=kw["activation"], layer_norm_eps=kw["eps"], batch_first=True,
+            norm_first=kw["norm_first"], dtype=x.dtype, device=x.device)
+
+    if stack:
+        norm = nn.LayerNorm(D, eps=kw["eps"], dtype=x.dtype, device=x.device) if "norm" in params else None
+        module = nn.TransformerDecoder(layer(), len(layers), norm=norm)
+        state = interop.decoder_params_to_torch(params)
+    else:
+        module, state = layer(), interop.decoder_layer_params_to_torch(params)
+    tgt_kpm, tgt_mask = _torch_masks(kw["self_mask"], None, B, H, L, L)
+    mem_kpm, mem_mask = _torch_masks(kw["memory_mask"], None, B, H, L, S)
+    return torch.func.functional_call(
+        module.eval(), state, (x, memory),
+        {"tgt_mask": tgt_mask, "memory_mask": mem_mask, "tgt_key_padding_mask": tgt_kpm,
+         "memory_key_padding_mask": mem_kpm})
 
 
 # --------------------------------------------------------------------------
