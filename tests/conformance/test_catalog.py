@@ -317,6 +317,12 @@ def test_fully_masked_cases_have_a_fully_masked_row(name):
     if call.function in ("encoder_layer", "encoder"):
         assert (~full_mask(call)).all(axis=-1).any(), "no query row with every key masked"
         return
+    if call.function in ("decoder_layer", "decoder", "decoder_incremental"):  # the memory's rows
+        kw = call.kwargs
+        B, L, S = kw["x"].shape[0], kw["x"].shape[1], kw["memory"].shape[1]
+        memory_mask = np.broadcast_to(kw["memory_mask"], (B, kw["num_heads"], L, S))
+        assert (~memory_mask).all(axis=-1).any(), "no query row with every source position masked"
+        return
     w = outputs["weights" if "weights" in outputs else "out"]
     if call.function == "softmax":
         w = np.moveaxis(w, call.kwargs["axis"], -1)
