@@ -141,7 +141,7 @@ def _npz_bytes(arrays: dict) -> bytes:
             info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
             body = io.BytesIO()
-            np.lib.format.write_array(body, np.ascontiguousarray(arrays[key]), allow_pickle=False)
+            np.lib.format.write_array(body, np.asarray(arrays[key], order="C"), allow_pickle=False)  # 0-d stays 0-d (ascontiguousarray makes it (1,))
             zf.writestr(info, body.getvalue())
     return buffer.getvalue()
 
