@@ -128,7 +128,8 @@ def cross_entropy(logits, targets, *, ignore_index=None, label_smoothing=0.0):
     Returns:
       0-d array of ``logits``' dtype.
     """
-    rules.cross_entropy(logits, targets, ignore_index, label_smoothing)
+    ignore_index, eps = rules.cross_entropy(  # ids in [0, V) when concrete, smoothing in [0, 1)
+        logits, targets, ignore_index, label_smoothing)
     z = _upcast(logits)  # (..., V), float32 for half
     V = z.shape[-1]
     m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))  # (..., 1); cancels in log p
@@ -137,7 +138,6 @@ def cross_entropy(logits, targets, *, ignore_index=None, label_smoothing=0.0):
     index = jnp.where(valid, targets, 0)
     index = jnp.where(index < 0, V, index)[..., None]  # a negative id must not wrap: out of range
     nll = -jnp.take_along_axis(log_p, index, axis=-1, mode="fill", fill_value=jnp.nan)[..., 0]
-    eps = float(label_smoothing)
     loss = (1.0 - eps) * nll + (eps / V) * -jnp.sum(log_p, axis=-1) if eps else nll  # (...)
     count = jnp.sum(valid)
     total = jnp.sum(jnp.where(valid, loss, 0.0))
@@ -220,8 +220,8 @@ def sample_decode(src, params, num_heads, *, bos, max_len, rng, temperature=1.0,
     Returns:
       int ``tokens (B, max_len)``.
     """
-    bos, max_len = rules.sample_decode(src, params, num_heads, bos, max_len, rng, temperature,
-                                       src_lengths, tie_embeddings, norm_first, activation, eps)
+    bos, max_len = rules.sample_decode(src, params, num_heads, bos, max_len, src_lengths,
+                                       temperature, tie_embeddings, norm_first, activation, eps)
     rng = _key(rng, required=True)
     cfg = (num_heads, tie_embeddings, norm_first, activation, eps)
 
