@@ -467,8 +467,11 @@ def transformer_backward(d_out, src, tgt, params, num_heads, *, src_lengths=None
     masks = rules.transformer(  # as the forward
         src, tgt, params, num_heads, src_lengths, tgt_lengths, tie_embeddings, norm_first,
         activation, eps, dropout_p, dropout_masks)
-    for site in EMBED_DROPOUT_SITES:  # the forward's keep-masks (the stacks check their own)
+    for site in EMBED_DROPOUT_SITES:  # every keep-mask the forward ran with
         rules.require_mask(dropout_p, masks[site], "dropout_p", f'dropout_masks["{site}"]')
+    for stack in ("encoder", "decoder"):
+        for i, layer_masks in enumerate(masks[stack]):
+            rules.require_site_masks(layer_masks, dropout_p, f'dropout_masks["{stack}"][{i}]')
     Vt = params["out"]["b"].shape[0]
     rules.d_out(d_out, params["tgt_embed"], "params.tgt_embed", (*tgt.shape, Vt))  # the logits'
     run = _Run(src, tgt, params, num_heads, src_lengths, tgt_lengths, tie_embeddings,

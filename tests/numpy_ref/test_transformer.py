@@ -518,7 +518,11 @@ def _bad_calls():
             lambda: sample_decode(bad_src, params, H, bos=BOS, max_len=2, rng=0), ValueError, "src:"),
         "backward-dropout-without-embedding-masks": (
             lambda: transformer_backward(np.zeros((B, L, Vt)), src, tgt, params, H, dropout_p=0.1),
-            ValueError, "dropout_masks"),
+            ValueError, 'dropout_masks["src_embed"]: '),
+        "backward-dropout-without-a-decoder-layer's-masks": (
+            lambda: transformer_backward(np.zeros((B, L, Vt)), src, tgt, params, H, dropout_p=0.1,
+                                         dropout_masks={**_dropout_masks(rng, 0.1, 1, 1), "decoder": None}),
+            ValueError, 'dropout_masks["decoder"][0]: '),
     }
 
 
