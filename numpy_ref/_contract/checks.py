@@ -452,7 +452,7 @@ class Rules(ArrayRules):
     # encoder's output (B, S, D); a step's x is (B, T, D), T new tokens.
 
     def decoder_layer(self, x, memory, params, num_heads, self_mask, memory_mask, norm_first,
-                      activation, eps, dropout_p, dropout_masks, need_weights=False,
+                      activation, eps, dropout_p, dropout_masks, return_weights=False,
                       prefix="params", masks_name="dropout_masks"):
         """``decoder_layer``, every sublayer checked before anything runs.
 
@@ -469,7 +469,7 @@ class Rules(ArrayRules):
             self.same_device(y, name, x, "x")
         self._decoder_config(x, memory, self_mask, memory_mask, norm_first, activation, eps,
                              dropout_p, H)
-        self.flag(need_weights, "need_weights")
+        self.flag(return_weights, "return_weights")
         shapes = {"attention": (B, H, L, L), "cross_attention": (B, H, L, S), "ffn": (B, L, F),
                   "residual_attn": (B, L, D), "residual_cross": (B, L, D), "residual_ffn": (B, L, D)}
         masks = self._site_masks(dropout_masks, masks_name, shapes, x, DECODER_DROPOUT_SITES)
