@@ -1,4 +1,4 @@
-"""numpy_ref.cache: the law of the KV cache, purity, unread slots, float32,
+"""numpy_ref.cache: the law of the KV cache, purity, unread slots, float32 and half,
 gradients, bad input.
 
 The law: a prefill of any length followed by steps of any sizes gives the
@@ -33,13 +33,14 @@ from numpy_ref import (
     padding_mask,
     self_attention_step,
 )
+from numpy_ref._checks import BFLOAT16
 from tests.dims import B, D, FF, H, LK, LQ
 
 from .fd import check_backward
 
 L, S = LQ, LK  # target 5, source 7
 SAMPLE = 16  # finite differences on 16 coordinates + 3 random directions per leaf (fd.py)
-LAW_TOL = 1e-12  # float64, the brief's figure for "the same function, other summation order"
+LAW_TOL = 1e-12  # the law of SPEC section 5 ("KV cache"): float64 to 1e-12
 
 SOURCE_LENGTHS = np.array([S, 4])  # sequence 1 of the memory is padded after 4 tokens
 MEMORY_PADDING = padding_mask(SOURCE_LENGTHS, S)  # (B, 1, 1, S)
@@ -52,6 +53,14 @@ def _perturbed(params, rng):
     if isinstance(params, list):
         return [_perturbed(v, rng) for v in params]
     return params + (0.1 * rng.standard_normal(params.shape)).astype(params.dtype)
+
+
+def _to_dtype(tree, dtype):
+    if isinstance(tree, dict):
+        return {k: _to_dtype(v, dtype) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_to_dtype(v, dtype) for v in tree)
+    return tree.astype(dtype)
 
 
 def _setup(seed, num_layers=2, final_norm=True, length=L):
@@ -234,8 +243,9 @@ def test_a_step_never_modifies_the_cache_passed_in():
         assert int(old_layer["self_attn"]["length"]) == 2 and int(new_layer["self_attn"]["length"]) == 4
         # the new cache = the old one with slots [2, 4) written
         for name in ("k", "v"):
-            np.testing.assert_array_equal(new_layer["self_attn"][name][:, :, :2], kept["self_attn"][name][:, :, :2])
-            np.testing.assert_array_equal(new_layer["self_attn"][name][:, :, 4:], kept["self_attn"][name][:, :, 4:])
+            new_slots, old_slots = new_layer["self_attn"][name], kept["self_attn"][name]  # (B, H, C, Dh)
+            np.testing.assert_array_equal(new_slots[:, :, :2], old_slots[:, :, :2])
+            np.testing.assert_array_equal(new_slots[:, :, 4:], old_slots[:, :, 4:])
     # the same step again from the same cache: the same answer
     again, _ = decoder_step(x[:, 2:4], cache, params, H, memory_mask=MEMORY_PADDING)
     np.testing.assert_array_equal(again, out)
@@ -294,10 +304,13 @@ def test_unfilled_slots_are_never_read(norm_first):
     unfilled = np.arange(capacity)[:, None] >= 2  # (C, 1), broadcast to (B, H, C, Dh)
 
     def spoiled(fill):
-        return {"layers": [{"cross_attn": layer["cross_attn"],
-                            "self_attn": {"length": layer["self_attn"]["length"],
-                                          **{n: fill(layer["self_attn"][n], unfilled, rng) for n in ("k", "v")}}}
-                           for layer in cache["layers"]]}
+        layers = []
+        for layer in cache["layers"]:
+            self_cache = layer["self_attn"]
+            k, v = (fill(self_cache[n], unfilled, rng) for n in ("k", "v"))
+            layers.append({"cross_attn": layer["cross_attn"],
+                           "self_attn": {"k": k, "v": v, "length": self_cache["length"]}})
+        return {"layers": layers}
 
     outs = []
     for fill in (_poison, _finite_twin):
@@ -332,38 +345,39 @@ def test_padded_memory_is_never_read():
 
 
 # --------------------------------------------------------------------------
-# float32
+# float32 and half precision
+
+
+LOW_DTYPES = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": pytest.param(BFLOAT16, marks=pytest.mark.skipif(BFLOAT16 is None, reason="needs ml_dtypes")),
+}
 
 
 @pytest.mark.parametrize("chunks", [(L,), (0, 1, 1, 1, 1, 1), (3, 2)], ids=["prefill", "singles", "3+2"])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-def test_float32_cached_pass_is_as_accurate_as_the_full_pass(norm_first, chunks):
-    """float32 has no 1e-12 law: the cached and the full pass round at other
-    places. Both are float32 evaluations of one function, so the cached pass
-    is judged as any backend is judged against the reference
-    (conformance/tolerances.py): against the float64 truth, allowed ``K``
-    times the error of the full float32 pass (credited with at least one ulp
-    of the largest output, ``eps * M``), plus the unit roundoff of each
-    value. ``K`` is the published float32 output factor, calibrated over the
-    whole catalog; no figure here is chosen for this test."""
+@pytest.mark.parametrize("dtype", LOW_DTYPES.values(), ids=LOW_DTYPES.keys())
+def test_low_precision_cached_pass_is_as_accurate_as_the_full_pass(dtype, norm_first, chunks):
+    """Below float64 there is no 1e-12 law: the cached and the full pass
+    round at other places. Both are evaluations in ``dtype`` of one function,
+    so the cached pass is judged as any backend is judged against the
+    reference (conformance/tolerances.py): against the float64 truth, allowed
+    ``K[dtype]`` times the error of the full pass in ``dtype`` (credited with
+    at least one ulp of the largest output, ``eps * M``), plus the unit
+    roundoff of each value. ``K`` is the published output factor, calibrated
+    over the whole catalog; no figure here is chosen for this test."""
     params, x, memory = _setup(13)
     kwargs = dict(memory_mask=MEMORY_PADDING, norm_first=norm_first)
     want = _full(x, memory, params, **kwargs)  # float64 truth
-    params32, x32, memory32 = (_to32(t) for t in (params, x, memory))
-    got = decoder_incremental(x32, memory32, params32, H, chunks=chunks, **kwargs)
-    assert got.dtype == np.float32
-    reference_error = max_error(_full(x32, memory32, params32, **kwargs), want)
-    rtol, atol = bounds("float32", "out", reference_error, magnitude=magnitude(want))
+    params_low, x_low, memory_low = _to_dtype((params, x, memory), dtype)
+    got = decoder_incremental(x_low, memory_low, params_low, H, chunks=chunks, **kwargs)
+    assert got.dtype == np.dtype(dtype)
+    reference_error = max_error(_full(x_low, memory_low, params_low, **kwargs), want)
+    name = np.dtype(dtype).name
+    rtol, atol = bounds(name, "out", reference_error, magnitude=magnitude(want))
     ratio, where = error_ratio(got, want, rtol, atol)
-    assert ratio <= 1, f"cached float32 beyond the bound ({ratio:.2f} x) {where}"
-
-
-def _to32(tree):
-    if isinstance(tree, dict):
-        return {k: _to32(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_to32(v) for v in tree]
-    return tree.astype(np.float32)
+    assert ratio <= 1, f"cached {name} beyond the bound ({ratio:.2f} x) {where}"
 
 
 # --------------------------------------------------------------------------
@@ -408,3 +422,76 @@ def test_decoder_incremental_backward_is_decoder_backward_with_the_causal_mask()
                             memory_mask=MEMORY_PADDING, norm_first=True)
     for a, b in zip(_leaves(got), _leaves(want)):
         np.testing.assert_array_equal(a, b)
+
+
+# --------------------------------------------------------------------------
+# bad input (the contract's rules: the same message in the three packages)
+
+
+def _filled(capacity, filled, dtype=np.float64):
+    """Decoder params, tokens, memory and a cache of ``capacity`` slots with ``filled`` of them written."""
+    params, x, memory = _to_dtype(_setup(18), dtype)
+    cache = init_decoder_cache(memory, params, H, capacity)
+    _, cache = decoder_step(x[:, :filled], cache, params, H)
+    return params, x, memory, cache
+
+
+def _overflow(C, length, T):
+    return (f"x: expected at most C - length = {C - length} new tokens "
+            f"(cache capacity C={C}, filled length={length}), got T={T}")
+
+
+def _bad_step(**change):
+    """decoder_step on a cache of capacity L holding 3 tokens, with one argument changed."""
+    params, x, memory, cache = _filled(L, 3)
+    kwargs = {"x": x[:, 3:4], "cache": cache, "params": params, "num_heads": H}
+    kwargs.update({k: f(kwargs) for k, f in change.items()})
+    return lambda: decoder_step(**kwargs)
+
+
+def _mha_params():
+    return init_multi_head_attention(np.random.default_rng(19), D)
+
+
+# id: (call, exception, message start)
+BAD = {
+    "self_attention_step/overflow": (
+        lambda: self_attention_step(np.zeros((B, 3, D)), _mha_params(), H, init_attention_cache(B, H, 2, D)),
+        ValueError, _overflow(2, 0, 3)),
+    "decoder_step/overflow": (_bad_step(x=lambda kw: np.zeros((B, 3, D))), ValueError, _overflow(L, 3, 3)),
+    "decoder_step/other-batch": (_bad_step(x=lambda kw: kw["x"][:1]), ValueError,
+                                 "cache.layers.0.self_attn.k: expected shape (B, H, C, Dh) with B=1"),
+    "decoder_step/other-heads": (_bad_step(num_heads=lambda kw: 2), ValueError,
+                                 "cache.layers.0.self_attn.k: expected shape (B, H, C, Dh) with B=2, H=2"),
+    "decoder_step/other-dtype": (
+        _bad_step(cache=lambda kw: init_decoder_cache(*_to_dtype((_setup(18)[2], kw["params"]), np.float32),
+                                                      H, L)),
+        TypeError, "cache.layers.0.self_attn.k: expected dtype float64"),
+    "decoder_step/memory_mask-other-source-length": (
+        _bad_step(memory_mask=lambda kw: np.ones((B, 1, 1, S + 1), bool)), ValueError, "memory_mask:"),
+    "decoder_step/fewer-layer-caches": (
+        _bad_step(cache=lambda kw: {"layers": kw["cache"]["layers"][:1]}), ValueError, "cache.layers:"),
+    "self_attention_step/other-head-width": (
+        lambda: self_attention_step(np.zeros((B, 1, D)), _mha_params(), H,
+                                    init_attention_cache(B, H, 4, 2 * D)),
+        ValueError, "cache.k: expected shape (B, H, C, Dh) with B=2, H=3, Dh=4"),
+    "self_attention_step/other-dtype": (
+        lambda: self_attention_step(np.zeros((B, 1, D)), _mha_params(), H,
+                                    init_attention_cache(B, H, 4, D, dtype=np.float32)),
+        TypeError, "cache.k: expected dtype float64"),
+    "init_attention_cache/heads-not-dividing": (lambda: init_attention_cache(B, 5, 4, D), ValueError,
+                                                "num_heads:"),
+    "init_decoder_cache/memory-other-width": (
+        lambda: init_decoder_cache(np.zeros((B, S, D + 1)), _setup(18)[0], H, L), ValueError,
+        "params.layers.0"),  # memory's width is D: the params that disagree are named
+    "decoder_incremental/chunks-not-summing-to-L": (
+        lambda: decoder_incremental(*_setup(18)[1:], _setup(18)[0], H, chunks=(2, 2)), ValueError,
+        f"chunks: expected non-negative token counts summing to L={L}, got [2, 2]"),
+}
+
+
+@pytest.mark.parametrize("call, error, message", BAD.values(), ids=BAD.keys())
+def test_bad_input_raises_the_contract_error(call, error, message):
+    with pytest.raises(error) as info:
+        call()
+    assert str(info.value).startswith(message), str(info.value)
