@@ -522,3 +522,67 @@ def test_transformer_module_steps_reproduce_its_forward_logits():
                                                 src_lengths=src_lengths))
     again = torch_impl.Transformer.from_params(model.params(), H).eval()
     assert torch.equal(again(src, tgt, src_lengths=src_lengths), want)
+
+
+# --------------------------------------------------------------------------- lower precision
+
+LOW = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _np_dtype(name):
+    if name == "bfloat16":
+        return pytest.importorskip("ml_dtypes").bfloat16
+    return np.dtype(name)
+
+
+def _judge(name, kind, got, want_low, truth):
+    """The project's bound (conformance/tolerances.py): torch's error against the
+    float64 truth within ``K`` times numpy_ref's error in the same dtype."""
+    rtol, atol = bounds(name, kind, max_error(np.asarray(want_low, np.float64), truth),
+                        magnitude=magnitude(truth))
+    ratio, where = error_ratio(to_numpy(got), truth, rtol, atol)
+    assert ratio <= 1, f"{name} {kind} beyond the bound ({ratio:.2f} x) {where}"
+
+
+@pytest.mark.parametrize("name", list(LOW))
+def test_lower_precision_decoder_and_cached_pass_within_the_published_bound(name):
+    """Same dtype in, same dtype out; values and gradients judged against the
+    float64 truth, relative to numpy_ref's own error in that dtype."""
+    params, (x, memory) = stack_params(71), inputs(72)
+    kw = dict(self_mask=causal() & tgt_padding(), memory_mask=src_padding())
+    truth = np_dec.decoder(x, memory, params, H, **kw)
+    d_out = np.random.default_rng(73).normal(size=x.shape)
+    truth_grads = np_dec.decoder_backward(d_out, x, memory, params, H, **kw)
+    dtype, np_dtype = LOW[name], _np_dtype(name)
+    # the same rounded inputs for both: cast once in torch, read back exactly
+    tp, tx, tm = (to_torch(a, dtype, requires_grad=True) for a in (params, x, memory))
+    lo = tree_map(lambda a: a.detach().float().numpy().astype(np_dtype), {"p": tp, "x": tx, "m": tm})
+    want_low = np_dec.decoder(lo["x"], lo["m"], lo["p"], H, **kw)
+    got = torch_impl.decoder(tx, tm, tp, H, **t(kw))
+    assert got.dtype == dtype
+    _judge(name, "out", got, want_low, truth)
+    low_grads = np_dec.decoder_backward(np.asarray(d_out).astype(np_dtype), lo["x"], lo["m"], lo["p"], H, **kw)
+    grads = flatten(autograd(got, {"x": tx, "memory": tm, "params": tp}, to_torch(d_out, dtype)))
+    for key, truth_g in flatten(truth_grads).items():
+        _judge(name, "grad", grads[key], flatten(low_grads)[key], truth_g)
+    inc = torch_impl.decoder_incremental(tx, tm, tp, H, chunks=(2, 1, 2), memory_mask=t(src_padding()))
+    assert inc.dtype == dtype
+    truth_inc = np_dec.decoder(x, memory, params, H, self_mask=causal(), memory_mask=src_padding())
+    want_inc = np_cache.decoder_incremental(lo["x"], lo["m"], lo["p"], H, chunks=(2, 1, 2),
+                                            memory_mask=src_padding())
+    _judge(name, "out", inc, want_inc, truth_inc)
+
+
+@pytest.mark.parametrize("name", list(LOW))
+def test_lower_precision_transformer_logits_within_the_published_bound(name):
+    np_tf = pytest.importorskip("numpy_ref.transformer")
+    params, (src, tgt) = transformer_params(81), tokens(81)
+    kw = dict(src_lengths=np.array([7, 4]), tgt_lengths=np.array([5, 3]))
+    np_params = tree_map(to_numpy, params)
+    truth = np_tf.transformer(src.numpy(), tgt.numpy(), np_params, H, **kw)
+    tp = tree_map(lambda a: a.to(LOW[name]), params)
+    lo = tree_map(lambda a: a.float().numpy().astype(_np_dtype(name)), tp)
+    want_low = np_tf.transformer(src.numpy(), tgt.numpy(), lo, H, **kw)
+    got = torch_impl.transformer(src, tgt, tp, H, **t(kw))
+    assert got.dtype == LOW[name]
+    _judge(name, "out", got, want_low, truth)
