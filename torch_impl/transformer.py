@@ -151,6 +151,8 @@ def init_transformer(rng, src_vocab, tgt_vocab, d_model, d_ff, num_encoder_layer
         src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d_model, d_ff=d_ff)
     n_enc = rules.count(num_encoder_layers, "num_encoder_layers")  # >= 0
     n_dec = rules.count(num_decoder_layers, "num_decoder_layers")
+    rules.flag(final_norm, "final_norm")
+    rules.flag(tie_embeddings, "tie_embeddings")
     std, bound = D ** -0.5, 1.0 / math.sqrt(D)
     params = {
         "src_embed": torch.randn((Vs, D), generator=rng, dtype=torch.float64) * std,
