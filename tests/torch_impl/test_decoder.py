@@ -586,3 +586,44 @@ def test_lower_precision_transformer_logits_within_the_published_bound(name):
     got = torch_impl.transformer(src, tgt, tp, H, **t(kw))
     assert got.dtype == LOW[name]
     _judge(name, "out", got, want_low, truth)
+
+
+def test_transformer_with_every_keep_mask_given_matches_numpy_ref_with_gradients():
+    """Dropout at p=0.4 with explicit keep-masks at every site (the two
+    embedding sums, each encoder and decoder layer's sites): the same
+    function as numpy_ref's, gradients included."""
+    np_tf = pytest.importorskip("numpy_ref.transformer")
+    params, (src, tgt) = transformer_params(13), tokens(13)
+    rng = np.random.default_rng(14)
+
+    def keep(*shape):
+        return rng.random(shape) >= 0.4
+
+    enc = {"attention": (B, H, S, S), "ffn": (B, S, F), "residual_attn": (B, S, D), "residual_ffn": (B, S, D)}
+    dec = {"attention": (B, H, L, L), "cross_attention": (B, H, L, S), "ffn": (B, L, F),
+           "residual_attn": (B, L, D), "residual_cross": (B, L, D), "residual_ffn": (B, L, D)}
+    masks = {"src_embed": keep(B, S, D), "tgt_embed": keep(B, L, D),
+             "encoder": [{k: keep(*s) for k, s in enc.items()} for _ in range(2)],
+             "decoder": [{k: keep(*s) for k, s in dec.items()} for _ in range(2)]}
+    kw = dict(src_lengths=np.array([7, 4]), dropout_p=0.4, dropout_masks=masks)
+    np_params = tree_map(to_numpy, params)
+    want = np_tf.transformer(src.numpy(), tgt.numpy(), np_params, H, **kw)
+    tp = t(np_params, True)
+    got = torch_impl.transformer(src, tgt, tp, H, **t(kw))
+    assert_close(got, want, what="logits")
+    d_out = rng.normal(size=want.shape)
+    grads = autograd(got, {"params": tp}, t(d_out))
+    want_grads = np_tf.transformer_backward(d_out, src.numpy(), tgt.numpy(), np_params, H, **kw)
+    assert_tree_close(grads, {"params": want_grads["params"]}, what="grad.")
+
+
+def test_modules_draw_dropout_in_train_mode_only():
+    model = torch_impl.Transformer(VS, VT, D, H, F, 1, 1, dropout=0.3, dtype=torch.float64)
+    src, tgt = tokens(15)
+    torch.manual_seed(0)
+    a = model(src, tgt)
+    torch.manual_seed(0)
+    assert torch.equal(model(src, tgt), a)  # torch's global RNG, reproducible
+    model.eval()
+    assert not torch.equal(model(src, tgt), a)
+    assert torch.equal(model(src, tgt), torch_impl.transformer(src, tgt, model.params(), H))
