@@ -83,7 +83,7 @@ def transformer(src, tgt, params, num_heads, *, src_lengths=None, tgt_lengths=No
         src, tgt, params, num_heads, src_lengths, tgt_lengths, tie_embeddings, norm_first,
         activation, eps, dropout_p, dropout_masks)
     rng = _generator(rng)
-    (B, S), L = src.shape, tgt.shape[1]
+    S, L = src.shape[1], tgt.shape[1]
     pe = _table(params, max(S, L))  # (max(S, L), D)
     src_mask = None if src_lengths is None else padding_mask(src_lengths, S)  # (B, 1, 1, S)
     tgt_mask = None if tgt_lengths is None else padding_mask(tgt_lengths, L)  # (B, 1, 1, L)

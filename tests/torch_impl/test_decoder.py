@@ -6,8 +6,6 @@ the cache included), the purity of the cache, decoding, and the modules.
 Every dimension has its own size: B=2, H=3, Dh=4 (D=12), L=5 target
 tokens, S=7 memory positions, F=20, vocabularies Vs=11, Vt=13.
 """
-import inspect
-
 import numpy as np
 import pytest
 
@@ -28,10 +26,6 @@ LAW_TOL = 1e-12  # the brief's law, float64
 
 np_dec = pytest.importorskip("numpy_ref.decoder")
 np_cache = pytest.importorskip("numpy_ref.cache")
-
-# numpy_ref's flag for the weights was need_weights before the contract named it return_weights
-_NP_WEIGHTS = "return_weights" if "return_weights" in inspect.signature(
-    np_dec.decoder_layer).parameters else "need_weights"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -127,7 +121,7 @@ def test_decoder_layer_matches_numpy_ref_with_weights_and_gradients(norm_first, 
     self_mask, memory_mask = MASKS[masks]
     kw = dict(self_mask=self_mask, memory_mask=memory_mask, norm_first=norm_first,
               activation=activation)
-    want = np_dec.decoder_layer(x, memory, params, H, **kw, **{_NP_WEIGHTS: True})
+    want = np_dec.decoder_layer(x, memory, params, H, **kw, return_weights=True)
     tp, tx, tm = t(params, True), t(x, True), t(memory, True)
     tkw = {**kw, "self_mask": t(self_mask), "memory_mask": t(memory_mask)}
     got = torch_impl.decoder_layer(tx, tm, tp, H, **tkw, return_weights=True)
