@@ -621,3 +621,22 @@ def test_modules_draw_dropout_in_train_mode_only():
     model.eval()
     assert not torch.equal(model(src, tgt), a)
     assert torch.equal(model(src, tgt), torch_impl.transformer(src, tgt, model.params(), H))
+
+
+def test_nan_in_padded_memory_reaches_neither_the_cached_outputs_nor_their_gradients():
+    """SPEC 3.4a: padding may hold anything. The cached pass zeroes the unread
+    memory positions before projecting them into the cache, as the full pass
+    does, so even autograd's ``memoryᵀ dK`` stays finite."""
+    params, x, memory, _ = law_setup(False, 91)
+    memory[1, 4:] = np.nan  # source length 4 in batch row 1
+    memory_mask = src_padding((7, 4))
+    tp, tx, tm = t(params, True), t(x, True), t(memory, True)
+    full = torch_impl.decoder(tx, tm, tp, H, self_mask=torch_impl.causal_mask(L), memory_mask=t(memory_mask))
+    inc = torch_impl.decoder_incremental(tx, tm, tp, H, chunks=(2, 3), memory_mask=t(memory_mask))
+    assert torch.isfinite(inc).all() and max_error(to_numpy(inc), to_numpy(full)) <= LAW_TOL
+    wrt = {"x": tx, "memory": tm, "params": tp}
+    d_out = t(np.random.default_rng(4).normal(size=x.shape))
+    g_inc, g_full = (flatten(tree_map(to_numpy, autograd(o, wrt, d_out))) for o in (inc, full))
+    for k in g_full:
+        assert np.isfinite(g_inc[k]).all(), k
+        assert max_error(g_inc[k], g_full[k]) <= LAW_TOL * max(1.0, magnitude(g_full[k])), k
