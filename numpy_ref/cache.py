@@ -359,13 +359,22 @@ def _chunk_rows(memory_mask, start, T, L):
 
 def decoder_incremental_backward(d_out, x, memory, params, num_heads, *, chunks, memory_mask=None,
                                  norm_first=False, activation="relu", eps=1e-5):
-    """Gradient of :func:`decoder_incremental`.
+    """Gradient of :func:`decoder_incremental`, step by step.
 
     By the law of the cache, ``decoder_incremental`` is the function
     ``decoder(x, memory, params, H, self_mask=causal_mask(L), ...)`` whatever
-    the chunks, so its gradient is ``decoder_backward`` with the causal mask.
-    (The chunks change only the order of floating-point operations; the tests
-    check this gradient against finite differences of the cached forward.)
+    the chunks. Its gradient is linear in ``d_out``, so it is the sum over the
+    steps of the full pass's gradient for that step's rows of ``d_out`` alone
+    (the other rows 0)::
+
+        grad = Σ_steps decoder_backward(d_out ∘ [rows of the step], ...)
+
+    Summed one step at a time in the working dtype, as autodiff through a
+    cache accumulates them (each step's contribution to the cached keys and
+    values, and to every weight, is rounded before the next one is added). In
+    float64 this is ``decoder_backward`` with the causal mask to rounding; in
+    a half dtype it is the reference error a cached pass makes, which the
+    conformance tolerance is a multiple of.
 
     Args:
       d_out: cotangent of the output, ``(B, L, D)``.
@@ -376,8 +385,31 @@ def decoder_incremental_backward(d_out, x, memory, params, num_heads, *, chunks,
       ``{"x": (B, L, D), "memory": (B, S, D), "params": {"layers": [...],
       "norm"?}}``.
     """
-    rules.decoder_incremental(  # as the forward (chunks are checked, then play no part)
+    chunks = rules.decoder_incremental(  # as the forward
         x, memory, params, num_heads, chunks, memory_mask, norm_first, activation, eps)
-    return decoder_backward(d_out, x, memory, params, num_heads, self_mask=causal_mask(x.shape[1]),
-                            memory_mask=memory_mask, norm_first=norm_first, activation=activation,
-                            eps=eps)
+    rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
+
+    def full_pass_backward(d):
+        return decoder_backward(d, x, memory, params, num_heads, self_mask=causal_mask(x.shape[1]),
+                                memory_mask=memory_mask, norm_first=norm_first,
+                                activation=activation, eps=eps)
+
+    grads, start = None, 0
+    for n in chunks:
+        if n == 0:  # an empty step contributes nothing
+            continue
+        rows = np.zeros(x.shape[1], dtype=bool)
+        rows[start:start + n] = True
+        step = full_pass_backward(np.where(rows[None, :, None], d_out, d_out.dtype.type(0)))
+        grads = step if grads is None else _sum_grads(grads, step)
+        start += n
+    return full_pass_backward(d_out) if grads is None else grads  # L = 0: no step at all
+
+
+def _sum_grads(a, b):
+    """``a + b`` leaf by leaf over nested dicts and lists (in the leaves' dtype)."""
+    if isinstance(a, dict):
+        return {key: _sum_grads(a[key], b[key]) for key in a}
+    if isinstance(a, list):
+        return [_sum_grads(u, v) for u, v in zip(a, b)]
+    return a + b

@@ -235,6 +235,7 @@ def _split_static(kwargs):
     static, dynamic = [], {}
     for key, value in kwargs.items():
         if _is_config(value) and key not in VARARGS.values():
+            value = tuple(value) if isinstance(value, list) else value  # hashable, as jit's static args are
             static.append((key, type(value).__name__, value))
         else:
             dynamic[key] = value
@@ -246,9 +247,10 @@ def _static_kwargs(static):
 
 
 def _is_config(value):
-    """A Python config value, or a tuple of ints (``decoder_incremental``'s ``chunks``:
-    the step sizes fix the shapes, so they are static)."""
-    if isinstance(value, tuple):
+    """A Python config value, or a list or tuple of ints (``decoder_incremental``'s
+    ``chunks``, a list once read back from the manifest's JSON: the step sizes fix
+    the shapes, so they are static)."""
+    if isinstance(value, (list, tuple)):
         return all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value)
     return isinstance(value, (bool, int, float, str, np.integer, np.floating))
 

@@ -87,7 +87,7 @@ class TorchBackend(Backend):
         target = None if dtype is None else getattr(torch, dtype)
 
         def convert(a: np.ndarray):
-            t = torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+            t = torch.from_numpy(np.asarray(a, order="C")).to(self.device)  # 0-d stays 0-d
             return t.to(target) if target is not None and t.dtype.is_floating_point else t
 
         kwargs = map_arrays(kwargs, convert)
