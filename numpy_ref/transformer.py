@@ -115,8 +115,8 @@ def transformer(src, tgt, params, num_heads, *, src_lengths=None, tgt_lengths=No
         activation, eps, dropout_p, dropout_masks)
     rng = _generator(rng)
     masks = _draw_embed_masks(masks, src, tgt, params, dropout_p, rng)
-    run = _Run(src, tgt, params, num_heads, src_lengths, tgt_lengths, tie_embeddings,
-               norm_first, activation, eps, dropout_p, masks)
+    run = _Run(src, tgt, params, num_heads, src_lengths, tgt_lengths, norm_first, activation,
+               eps, dropout_p, masks)
     memory = run.encode(run.x_src, rng)  # (B, S, D)
     y = run.decode(run.x_tgt, memory, rng)  # (B, L, D)
     return _project(y, params, tie_embeddings)  # (B, L, Vt)
@@ -126,9 +126,9 @@ class _Run:
     """One teacher-forced pass: its inputs, masks and configuration, and the
     embedded inputs ``x_src = drop(e_src)``, ``x_tgt = drop(e_tgt)``."""
 
-    def __init__(self, src, tgt, params, num_heads, src_lengths, tgt_lengths, tie_embeddings,
-                 norm_first, activation, eps, dropout_p, masks):
-        self.params, self.masks, self.p = params, masks, dropout_p
+    def __init__(self, src, tgt, params, num_heads, src_lengths, tgt_lengths, norm_first,
+                 activation, eps, dropout_p, masks):
+        self.params, self.masks = params, masks
         self.layer_kwargs = dict(num_heads=num_heads, norm_first=norm_first,
                                  activation=activation, eps=eps, dropout_p=dropout_p)
         S, L = src.shape[1], tgt.shape[1]
@@ -467,12 +467,15 @@ def transformer_backward(d_out, src, tgt, params, num_heads, *, src_lengths=None
     masks = rules.transformer(  # as the forward
         src, tgt, params, num_heads, src_lengths, tgt_lengths, tie_embeddings, norm_first,
         activation, eps, dropout_p, dropout_masks)
-    for site in EMBED_DROPOUT_SITES:  # the forward's keep-masks (the stacks check their own)
+    for site in EMBED_DROPOUT_SITES:  # every keep-mask the forward ran with
         rules.require_mask(dropout_p, masks[site], "dropout_p", f'dropout_masks["{site}"]')
+    for stack in ("encoder", "decoder"):
+        for i, layer_masks in enumerate(masks[stack]):
+            rules.require_site_masks(layer_masks, dropout_p, f'dropout_masks["{stack}"][{i}]')
     Vt = params["out"]["b"].shape[0]
     rules.d_out(d_out, params["tgt_embed"], "params.tgt_embed", (*tgt.shape, Vt))  # the logits'
-    run = _Run(src, tgt, params, num_heads, src_lengths, tgt_lengths, tie_embeddings,
-               norm_first, activation, eps, dropout_p, masks)
+    run = _Run(src, tgt, params, num_heads, src_lengths, tgt_lengths, norm_first, activation,
+               eps, dropout_p, masks)
     memory = run.encode(run.x_src)  # (B, S, D)
     y = run.decode(run.x_tgt, memory)  # (B, L, D)
     D = y.shape[-1]

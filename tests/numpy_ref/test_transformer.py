@@ -24,7 +24,10 @@ from numpy_ref import (
     transformer,
     transformer_backward,
 )
+from numpy_ref._checks import BFLOAT16
+from numpy_ref._contract.checks import DECODER_DROPOUT_SITES, DROPOUT_SITES
 from numpy_ref._contract.trees import flatten
+from numpy_ref.transformer import _decode_cached, _decode_recomputed
 
 from .fd import check_backward
 
@@ -283,6 +286,80 @@ def test_missing_dropout_masks_are_drawn_from_rng_reproducibly():
         transformer(src, tgt, params, H, dropout_p=0.3, dropout_masks=masks, rng=2))
 
 
+def test_missing_dropout_masks_are_drawn_in_the_documented_order():
+    """``src_embed``, ``tgt_embed``, then each encoder layer's sites, then each
+    decoder layer's, every layer in its own site order, from one generator."""
+    rng = np.random.default_rng(19)
+    params, (src, tgt) = _model(rng, layers=(2, 1)), _tokens(rng)
+    p = 0.25
+    drawn = transformer(src, tgt, params, H, dropout_p=p, rng=np.random.default_rng(20))
+    same = np.random.default_rng(20)
+    draw = lambda shapes: {site: same.random(shape) >= p for site, shape in shapes.items()}  # noqa: E731
+    given = {"src_embed": same.random((B, S, D)) >= p, "tgt_embed": same.random((B, L, D)) >= p}
+    given["encoder"] = [draw(ENCODER_SITES) for _ in range(2)]
+    given["decoder"] = [draw(DECODER_SITES)]
+    assert list(ENCODER_SITES) == list(DROPOUT_SITES) and list(DECODER_SITES) == list(DECODER_DROPOUT_SITES)
+    np.testing.assert_array_equal(drawn, transformer(src, tgt, params, H, dropout_p=p, dropout_masks=given))
+
+
+def test_embedding_dropout_site_drops_the_embedding_sum():
+    """Keeping every site but dropping all of ``tgt_embed`` feeds the decoder zeros."""
+    rng = np.random.default_rng(21)
+    params, (src, tgt) = _model(rng), _tokens(rng)
+    masks = {"src_embed": np.ones((B, S, D), bool)}
+    masks["encoder"] = [{site: np.ones(shape, bool) for site, shape in ENCODER_SITES.items()}]
+    masks["decoder"] = [{site: np.ones(shape, bool) for site, shape in DECODER_SITES.items()}]
+    masks["tgt_embed"] = np.zeros((B, L, D), bool)
+    logits = transformer(src, tgt, params, H, dropout_p=0.5, dropout_masks=masks)
+    pe = sinusoidal_encoding(S, D)
+    memory = encoder((params["src_embed"][src] * math.sqrt(D) + pe) / 0.5, params["encoder"], H,
+                     dropout_p=0.5, dropout_masks=masks["encoder"])
+    y = decoder(np.zeros((B, L, D)), memory, params["decoder"], H, self_mask=causal_mask(L),
+                dropout_p=0.5, dropout_masks=masks["decoder"])
+    np.testing.assert_allclose(logits, y @ params["out"]["w"] + params["out"]["b"], rtol=0, atol=1e-14)
+
+
+DTYPES = [np.float32, np.float16] + ([BFLOAT16] if BFLOAT16 is not None else [])
+_finfo = np.finfo if BFLOAT16 is None else __import__("ml_dtypes").finfo  # ml_dtypes' knows bfloat16
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_lower_precision_keeps_its_dtype_and_stays_finite(dtype, tie):
+    rng = np.random.default_rng(22)
+    params = init_transformer(rng, Vs, Vt, D, F, 1, 1, tie_embeddings=tie, dtype=dtype)
+    src, tgt = _tokens(rng)
+    kwargs = dict(src_lengths=np.array([S, 2]), tgt_lengths=np.array([3, L]), tie_embeddings=tie)
+    logits = transformer(src, tgt, params, H, **kwargs)
+    assert logits.dtype == dtype and np.isfinite(logits.astype(np.float64)).all()
+    grads = flatten(transformer_backward(np.ones_like(logits), src, tgt, params, H, **kwargs))
+    assert all(g.dtype == dtype and np.isfinite(g.astype(np.float64)).all() for g in grads.values())
+    loss = cross_entropy(logits, tgt, label_smoothing=0.1)
+    assert loss.shape == () and loss.dtype == dtype
+    d_logits = cross_entropy_backward(np.ones((), dtype), logits, tgt, label_smoothing=0.1)["logits"]
+    assert d_logits.dtype == dtype
+    # the same parameters in float64: a few units of the dtype's eps (measured: <= 10 eps)
+    eps = float(_finfo(dtype).eps)
+    reference = transformer(src, tgt, _as_float64(params), H, **kwargs)
+    assert np.abs(logits.astype(np.float64) - reference).max() < 16 * eps * np.abs(reference).max()
+    ref_grads = flatten(transformer_backward(np.ones_like(reference), src, tgt, _as_float64(params), H,
+                                             **kwargs))
+    for name, g in ref_grads.items():
+        if not _key_bias(name):  # exactly 0 in float64, rounding noise in lower precision
+            assert np.abs(grads[name].astype(np.float64) - g).max() < 64 * eps * np.abs(g).max(), name
+    tokens = greedy_decode(src, params, H, bos=BOS, max_len=3, src_lengths=kwargs["src_lengths"],
+                           tie_embeddings=tie)
+    assert tokens.dtype == np.int64 and tokens.shape == (B, 3)
+
+
+def _as_float64(params):
+    if isinstance(params, dict):
+        return {k: _as_float64(v) for k, v in params.items()}
+    if isinstance(params, list):
+        return [_as_float64(v) for v in params]
+    return params.astype(np.float64)
+
+
 def test_init_transformer_shapes_and_tied_keys():
     params = init_transformer(0, Vs, Vt, D, F, 2, 3)
     assert params["src_embed"].shape == (Vs, D) and params["tgt_embed"].shape == (Vt, D)
@@ -328,6 +405,27 @@ def test_greedy_decode_with_and_without_cache_and_teacher_forced_agree(tie, norm
     np.testing.assert_array_equal(np.argmax(logits, axis=-1), cached)
 
 
+@pytest.mark.parametrize("tie, norm_first, src_lengths", DECODE_CASES.values(), ids=DECODE_CASES.keys())
+def test_every_decoding_step_has_the_teacher_forced_logits(tie, norm_first, src_lengths):
+    """The logits each step chooses from, cached and recomputed, equal
+    :func:`transformer`'s on ``[bos, tokens[:, :-1]]`` (the cache's law: 1e-12)."""
+    rng = np.random.default_rng(12)
+    params = init_transformer(rng, Vs, Vt, D, F, 2, 2, tie_embeddings=tie)
+    src = rng.integers(0, Vs, (B, S))
+    lengths = None if src_lengths is None else np.array(src_lengths)
+    seen = {}
+    for decode in (_decode_cached, _decode_recomputed):
+        steps = seen[decode.__name__] = []
+        record = lambda logits: steps.append(logits) or np.argmax(logits, axis=-1)  # noqa: E731
+        tokens = decode(src, params, H, BOS, 6, lengths, tie, norm_first, "relu", 1e-5, record)
+    tgt = np.concatenate([np.full((B, 1), BOS), tokens[:, :-1]], axis=1)
+    logits = transformer(src, tgt, params, H, src_lengths=lengths, tie_embeddings=tie,
+                         norm_first=norm_first)
+    for name, steps in seen.items():
+        err = np.abs(np.stack(steps, axis=1) - logits).max() / np.abs(logits).max()
+        assert err < 1e-12, f"{name}: {err:.1e}"
+
+
 def test_greedy_decode_of_zero_tokens():
     rng = np.random.default_rng(13)
     params, src = init_transformer(rng, Vs, Vt, D, F, 1, 1), rng.integers(0, Vs, (B, S))
@@ -346,6 +444,15 @@ def test_sample_decode_is_reproducible_for_a_seed():
     assert ((0 <= a) & (a < Vt)).all()
     draws = [sample_decode(src, params, H, bos=BOS, max_len=8, rng=seed) for seed in range(6, 10)]
     assert any(not np.array_equal(a, d) for d in draws)
+
+
+def test_sample_decode_needs_an_rng():
+    rng = np.random.default_rng(23)
+    params, src = init_transformer(rng, Vs, Vt, D, F, 1, 1), rng.integers(0, Vs, (B, S))
+    with pytest.raises(TypeError, match="^rng: expected a numpy.random.Generator"):
+        sample_decode(src, params, H, bos=BOS, max_len=2, rng=None)
+    with pytest.raises(ValueError, match="^temperature: "):
+        sample_decode(src, params, H, bos=BOS, max_len=2, rng=0, temperature=0.0)
 
 
 def test_sample_decode_at_a_tiny_temperature_is_greedy():
@@ -411,7 +518,11 @@ def _bad_calls():
             lambda: sample_decode(bad_src, params, H, bos=BOS, max_len=2, rng=0), ValueError, "src:"),
         "backward-dropout-without-embedding-masks": (
             lambda: transformer_backward(np.zeros((B, L, Vt)), src, tgt, params, H, dropout_p=0.1),
-            ValueError, "dropout_masks"),
+            ValueError, 'dropout_masks["src_embed"]: '),
+        "backward-dropout-without-a-decoder-layer's-masks": (
+            lambda: transformer_backward(np.zeros((B, L, Vt)), src, tgt, params, H, dropout_p=0.1,
+                                         dropout_masks={**_dropout_masks(rng, 0.1, 1, 1), "decoder": None}),
+            ValueError, 'dropout_masks["decoder"][0]: '),
     }
 
 
