@@ -222,6 +222,50 @@ def test_self_attention_step_equals_causal_multi_head_attention(rng):
     assert int(cache["length"]) == L and not cache["k"][:, :, L:].any()
 
 
+def test_decoder_layer_steps_equal_the_causal_decoder_layer(rng):
+    """``init_decoder_layer_cache`` + ``decoder_layer_step`` over a 3-token
+    prefill and two singles: ``decoder_layer`` with the causal mask."""
+    x, memory = _inputs(rng)
+    xj, mj, pj = to_jax((x, memory, _jiggle(nr.init_decoder_layer(rng, D, FF), rng)))
+    cache = ji.init_decoder_layer_cache(mj, pj, H, L)
+    outs = []
+    for start, T in ((0, 3), (3, 1), (4, 1)):
+        out, cache = ji.decoder_layer_step(xj[:, start:start + T], cache, pj, H, norm_first=True)
+        outs.append(out)
+    want = ji.decoder_layer(xj, mj, pj, H, self_mask=ji.causal_mask(L), norm_first=True)
+    assert max_error(to_numpy(jnp.concatenate(outs, 1)), to_numpy(want)) <= LAW_TOL
+
+
+def test_unfilled_slots_and_padded_memory_are_never_read(rng):
+    """NaN in the cache's slots beyond ``length`` and in the padded memory
+    rows: the outputs are finite and bit for bit those of a clean run
+    (selection, never ``0 * NaN``)."""
+    x, memory = _inputs(rng)
+    params = to_jax(_decoder_params(rng))
+    mask = jnp.asarray(_padding([S, 4], S))
+    poisoned_memory = jnp.asarray(memory).at[1, 4:].set(jnp.nan)
+    clean = ji.init_decoder_cache(jnp.asarray(memory), params, H, L + 2)
+    dirty = ji.init_decoder_cache(poisoned_memory, params, H, L + 2)
+    dirty = {"layers": [{**c, "self_attn": {**c["self_attn"], "k": jnp.full_like(c["self_attn"]["k"], jnp.nan),
+                                            "v": jnp.full_like(c["self_attn"]["v"], jnp.inf)}}
+                        for c in dirty["layers"]]}
+    xj = jnp.asarray(x)
+    for start, T in ((0, 2), (2, 3)):
+        got, dirty = ji.decoder_step(xj[:, start:start + T], dirty, params, H, memory_mask=mask)
+        want, clean = ji.decoder_step(xj[:, start:start + T], clean, params, H, memory_mask=mask)
+        assert bool(jnp.isfinite(got).all())
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # decoder_incremental knows the mask: it zeroes the unread memory rows before
+    # projecting them, so its gradients are finite and the full pass's
+    d_out = rng.normal(size=(B, L, D))
+    kwargs = dict(x=x, memory=np.asarray(poisoned_memory), params=to_numpy(params), memory_mask=np.asarray(mask))
+    _, cached = jax_vjp(functools.partial(ji.decoder_incremental, num_heads=H, chunks=(2, 3)), kwargs, d_out)
+    _, full = jax_vjp(functools.partial(ji.decoder, num_heads=H, self_mask=np.tril(np.ones((L, L), bool))),
+                      kwargs, d_out)
+    for name in cached:
+        _close(cached[name], full[name], dict(rtol=LAW_TOL, atol=LAW_TOL), name)
+
+
 def test_init_attention_cache_has_an_int32_length():
     cache = ji.init_attention_cache(B, H, 4, D, dtype=jnp.float64)
     assert cache["k"].shape == cache["v"].shape == (B, H, 4, D // H)
