@@ -246,9 +246,13 @@ def test_unfilled_slots_and_padded_memory_are_never_read(rng):
     poisoned_memory = jnp.asarray(memory).at[1, 4:].set(jnp.nan)
     clean = ji.init_decoder_cache(jnp.asarray(memory), params, H, L + 2)
     dirty = ji.init_decoder_cache(poisoned_memory, params, H, L + 2)
-    dirty = {"layers": [{**c, "self_attn": {**c["self_attn"], "k": jnp.full_like(c["self_attn"]["k"], jnp.nan),
-                                            "v": jnp.full_like(c["self_attn"]["v"], jnp.inf)}}
-                        for c in dirty["layers"]]}
+
+    def poisoned(c):  # every slot NaN (keys) or inf (values); length 0
+        slots = c["self_attn"]
+        return {**c, "self_attn": {**slots, "k": jnp.full_like(slots["k"], jnp.nan),
+                                   "v": jnp.full_like(slots["v"], jnp.inf)}}
+
+    dirty = {"layers": [poisoned(c) for c in dirty["layers"]]}
     xj = jnp.asarray(x)
     for start, T in ((0, 2), (2, 3)):
         got, dirty = ji.decoder_step(xj[:, start:start + T], dirty, params, H, memory_mask=mask)
@@ -258,7 +262,8 @@ def test_unfilled_slots_and_padded_memory_are_never_read(rng):
     # decoder_incremental knows the mask: it zeroes the unread memory rows before
     # projecting them, so its gradients are finite and the full pass's
     d_out = rng.normal(size=(B, L, D))
-    kwargs = dict(x=x, memory=np.asarray(poisoned_memory), params=to_numpy(params), memory_mask=np.asarray(mask))
+    kwargs = dict(x=x, memory=np.asarray(poisoned_memory), params=to_numpy(params),
+                  memory_mask=np.asarray(mask))
     _, cached = jax_vjp(functools.partial(ji.decoder_incremental, num_heads=H, chunks=(2, 3)), kwargs, d_out)
     _, full = jax_vjp(functools.partial(ji.decoder, num_heads=H, self_mask=np.tril(np.ones((L, L), bool))),
                       kwargs, d_out)
