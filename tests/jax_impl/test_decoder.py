@@ -18,7 +18,6 @@ Few shapes, few compiles: the machine running the suite is small. Sizes from
 ``tests/dims.py``: B=2, H=3, D=12, F=20, target L=5, source S=7.
 """
 import functools
-import inspect
 
 import numpy as np
 import pytest
@@ -40,9 +39,6 @@ F64_GRAD = F64_OUT  # the published float64 row is the same for outputs and grad
 LAW_TOL = 1e-12  # the cache law: the same float64 function in another order of operations
 VT, VS = 11, 13  # vocabularies (distinct from every other size)
 
-#: numpy_ref's decoder_layer flag for the weights (the contract renamed need_weights)
-WEIGHTS = "return_weights" if "return_weights" in inspect.signature(nr.decoder_layer).parameters \
-    else "need_weights"
 
 
 # --------------------------------------------------------------------------
@@ -95,12 +91,12 @@ def test_decoder_layer_and_its_gradients_equal_numpy_ref(rng, norm_first):
     kwargs = dict(x=x, memory=memory, params=params, **config)
     fn = functools.partial(ji.decoder_layer, num_heads=H, return_weights=True)
     got, grads = jax_vjp(fn, kwargs, cts)
-    want = nr.decoder_layer(x, memory, params, H, **config, **{WEIGHTS: True})
+    want = nr.decoder_layer(x, memory, params, H, **config, return_weights=True)
     for name, g, w in zip(("out", "self_weights", "cross_weights"), got, want):
         _close(g, w, F64_OUT, name)
     assert not got[2][1].any()  # the fully masked source: weights exactly 0
     want_grads = flatten(nr.decoder_layer_backward(cts, x, memory, params, H, **config,
-                                                   **{WEIGHTS: True}))
+                                                   return_weights=True))
     assert grads.keys() == want_grads.keys()
     for name in grads:
         _close(grads[name], want_grads[name], F64_GRAD, name)
@@ -226,6 +222,55 @@ def test_self_attention_step_equals_causal_multi_head_attention(rng):
     assert int(cache["length"]) == L and not cache["k"][:, :, L:].any()
 
 
+def test_decoder_layer_steps_equal_the_causal_decoder_layer(rng):
+    """``init_decoder_layer_cache`` + ``decoder_layer_step`` over a 3-token
+    prefill and two singles: ``decoder_layer`` with the causal mask."""
+    x, memory = _inputs(rng)
+    xj, mj, pj = to_jax((x, memory, _jiggle(nr.init_decoder_layer(rng, D, FF), rng)))
+    cache = ji.init_decoder_layer_cache(mj, pj, H, L)
+    outs = []
+    for start, T in ((0, 3), (3, 1), (4, 1)):
+        out, cache = ji.decoder_layer_step(xj[:, start:start + T], cache, pj, H, norm_first=True)
+        outs.append(out)
+    want = ji.decoder_layer(xj, mj, pj, H, self_mask=ji.causal_mask(L), norm_first=True)
+    assert max_error(to_numpy(jnp.concatenate(outs, 1)), to_numpy(want)) <= LAW_TOL
+
+
+def test_unfilled_slots_and_padded_memory_are_never_read(rng):
+    """NaN in the cache's slots beyond ``length`` and in the padded memory
+    rows: the outputs are finite and bit for bit those of a clean run
+    (selection, never ``0 * NaN``)."""
+    x, memory = _inputs(rng)
+    params = to_jax(_decoder_params(rng))
+    mask = jnp.asarray(_padding([S, 4], S))
+    poisoned_memory = jnp.asarray(memory).at[1, 4:].set(jnp.nan)
+    clean = ji.init_decoder_cache(jnp.asarray(memory), params, H, L + 2)
+    dirty = ji.init_decoder_cache(poisoned_memory, params, H, L + 2)
+
+    def poisoned(c):  # every slot NaN (keys) or inf (values); length 0
+        slots = c["self_attn"]
+        return {**c, "self_attn": {**slots, "k": jnp.full_like(slots["k"], jnp.nan),
+                                   "v": jnp.full_like(slots["v"], jnp.inf)}}
+
+    dirty = {"layers": [poisoned(c) for c in dirty["layers"]]}
+    xj = jnp.asarray(x)
+    for start, T in ((0, 2), (2, 3)):
+        got, dirty = ji.decoder_step(xj[:, start:start + T], dirty, params, H, memory_mask=mask)
+        want, clean = ji.decoder_step(xj[:, start:start + T], clean, params, H, memory_mask=mask)
+        assert bool(jnp.isfinite(got).all())
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # decoder_incremental knows the mask: it zeroes the unread memory rows before
+    # projecting them, so its gradients are finite and the full pass's
+    d_out = rng.normal(size=(B, L, D))
+    kwargs = dict(x=x, memory=np.asarray(poisoned_memory), params=to_numpy(params),
+                  memory_mask=np.asarray(mask))
+    _, cached = jax_vjp(functools.partial(ji.decoder_incremental, num_heads=H, chunks=(2, 3)), kwargs, d_out)
+    _, full = jax_vjp(functools.partial(ji.decoder, num_heads=H, self_mask=np.tril(np.ones((L, L), bool))),
+                      kwargs, d_out)
+    for name in cached:
+        _close(cached[name], full[name], dict(rtol=LAW_TOL, atol=LAW_TOL), name)
+
+
 def test_init_attention_cache_has_an_int32_length():
     cache = ji.init_attention_cache(B, H, 4, D, dtype=jnp.float64)
     assert cache["k"].shape == cache["v"].shape == (B, H, 4, D // H)
@@ -311,3 +356,156 @@ def test_no_output_depends_on_a_later_input_under_jit(rng):
     blocks = np.abs(np.asarray(jac(jnp.asarray(x)))).sum(axis=(0, 2, 3, 5))  # (L, L): out i, in j
     assert (blocks[np.triu_indices(L, 1)] == 0).all()
     assert (blocks[np.tril_indices(L)] > 0).all()
+
+
+# --------------------------------------------------------------------------
+# the encoder-decoder Transformer and its loss
+
+
+def _transformer_params(rng, tie_embeddings=False):
+    return _jiggle(nr.init_transformer(rng, VS, VT, D, FF, 1, 2, tie_embeddings=tie_embeddings), rng)
+
+
+def _tokens(rng):
+    return rng.integers(0, VS, size=(B, S)), rng.integers(0, VT, size=(B, L))
+
+
+def _transformer_keep_masks(rng, p):
+    enc = {"attention": (B, H, S, S), "ffn": (B, S, FF), "residual_attn": (B, S, D),
+           "residual_ffn": (B, S, D)}
+    dec = {"attention": (B, H, L, L), "cross_attention": (B, H, L, S), "ffn": (B, L, FF),
+           "residual_attn": (B, L, D), "residual_cross": (B, L, D), "residual_ffn": (B, L, D)}
+
+    def draw(shapes):
+        return {site: rng.random(shape) >= p for site, shape in shapes.items()}
+
+    return {"src_embed": rng.random((B, S, D)) >= p, "tgt_embed": rng.random((B, L, D)) >= p,
+            "encoder": [draw(enc)], "decoder": [draw(dec), draw(dec)]}
+
+
+@pytest.mark.parametrize("tie_embeddings,norm_first,dropout_p", [(False, False, 0.1), (True, True, 0.0)],
+                         ids=["untied-post-dropout", "tied-pre"])
+def test_transformer_and_its_gradients_equal_numpy_ref(rng, tie_embeddings, norm_first, dropout_p):
+    """Logits and every parameter's gradient (embeddings by scatter-add; tied:
+    ``tgt_embed`` sums both uses), padded source and target, float64."""
+    params = _transformer_params(rng, tie_embeddings)
+    src, tgt = _tokens(rng)
+    tgt[0, :2] = tgt[0, 3]  # a repeated id: its embedding row sums three positions
+    config = dict(src_lengths=np.array([S, 4]), tgt_lengths=np.array([L, 3]),
+                  tie_embeddings=tie_embeddings, norm_first=norm_first, dropout_p=dropout_p,
+                  dropout_masks=_transformer_keep_masks(rng, dropout_p) if dropout_p else None)
+    d_out = rng.normal(size=(B, L, VT))
+    fn = functools.partial(ji.transformer, num_heads=H)
+    got, grads = jax_vjp(fn, dict(src=src, tgt=tgt, params=params, **config), d_out)
+    _close(got, nr.transformer(src, tgt, params, H, **config), F64_OUT, "logits")
+    want = flatten(nr.transformer_backward(d_out, src, tgt, params, H, **config))
+    assert grads.keys() == want.keys()
+    for name in grads:
+        _close(grads[name], want[name], F64_GRAD, name)
+
+
+@pytest.mark.parametrize("ignore_index,label_smoothing", [(None, 0.0), (2, 0.1)])
+def test_cross_entropy_and_its_gradient_equal_numpy_ref(rng, ignore_index, label_smoothing):
+    logits = 3 * rng.normal(size=(B, L, VT))
+    targets = rng.integers(0, VT, size=(B, L))
+    targets[0, 0] = 2
+    config = dict(ignore_index=ignore_index, label_smoothing=label_smoothing)
+    fn = functools.partial(ji.cross_entropy, targets=jnp.asarray(targets), **config)
+    got, grads = jax_vjp(fn, dict(logits=logits), np.array(0.7))
+    _close(got, nr.cross_entropy(logits, targets, **config), F64_OUT, "loss")
+    want = nr.cross_entropy_backward(np.array(0.7), logits, targets, **config)["logits"]
+    _close(grads["logits"], want, F64_GRAD, "d logits")
+
+
+def test_cross_entropy_with_every_target_ignored_is_zero():
+    logits, targets = jnp.ones((B, L, VT)), jnp.full((B, L), -100)
+    loss, grad = jax.value_and_grad(ji.cross_entropy)(logits, targets, ignore_index=-100)
+    assert float(loss) == 0.0 and not grad.any()
+
+
+def test_init_transformer_shapes_and_dtype():
+    for tie in (False, True):
+        params = ji.init_transformer(jax.random.key(0), VS, VT, D, FF, 1, 2, tie_embeddings=tie,
+                                     dtype=jnp.float64)
+        want = nr.init_transformer(np.random.default_rng(0), VS, VT, D, FF, 1, 2, tie_embeddings=tie)
+        assert ({k: (v.shape, v.dtype) for k, v in flatten(params).items()}
+                == {k: (v.shape, v.dtype) for k, v in flatten(want).items()})
+
+
+# --------------------------------------------------------------------------
+# decoding, jitted
+
+MAX_LEN = 6
+DECODE_STATIC = ("num_heads", "bos", "max_len", "use_cache", "tie_embeddings", "norm_first",
+                 "activation", "eps")
+
+
+@pytest.fixture(scope="module")
+def model():
+    """One model, source and greedy decode shared by the decoding tests (one
+    compile of each program): numpy params, jax params, source, lengths and
+    the jitted cached greedy tokens."""
+    rng = np.random.default_rng(2024)
+    params = _transformer_params(rng)
+    src, _ = _tokens(rng)
+    src_lengths = np.array([S, 4])
+    greedy = jax.jit(ji.greedy_decode, static_argnames=DECODE_STATIC)
+    pj, srcj, lj = to_jax((params, src, src_lengths))
+    tokens = np.asarray(greedy(srcj, pj, H, bos=1, max_len=MAX_LEN, src_lengths=lj))
+    return dict(params=params, src=src, src_lengths=src_lengths, jax=(srcj, pj, lj),
+                greedy=greedy, tokens=tokens)
+
+
+def test_greedy_decode_with_and_without_the_cache_jitted(model):
+    """One jitted ``lax.scan`` each: the cached loop (a ``T = 1`` step per
+    position) and the recomputing one emit the same tokens, numpy_ref's
+    tokens, and teacher forcing them through the transformer gives back their
+    argmax at every position."""
+    cached, (srcj, pj, lj) = model["tokens"], model["jax"]
+    recomputed = np.asarray(model["greedy"](srcj, pj, H, bos=1, max_len=MAX_LEN, src_lengths=lj,
+                                            use_cache=False))
+    assert cached.shape == (B, MAX_LEN)
+    np.testing.assert_array_equal(cached, recomputed)
+    np.testing.assert_array_equal(cached, nr.greedy_decode(model["src"], model["params"], H, bos=1,
+                                                           max_len=MAX_LEN,
+                                                           src_lengths=model["src_lengths"]))
+    tgt = np.concatenate([np.ones((B, 1), cached.dtype), cached[:, :-1]], axis=1)
+    logits = ji.transformer(srcj, jnp.asarray(tgt), pj, H, src_lengths=lj)
+    np.testing.assert_array_equal(np.asarray(jnp.argmax(logits, -1)), cached)
+
+
+def test_logits_never_depend_on_later_target_tokens_under_jit(rng):
+    """The jitted transformer: replacing the target tokens after position t
+    leaves the logits of positions <= t bit for bit unchanged."""
+    params = to_jax(_transformer_params(rng))
+    src, tgt = _tokens(rng)
+    run = jax.jit(functools.partial(ji.transformer, num_heads=H))
+    base = np.asarray(run(jnp.asarray(src), jnp.asarray(tgt), params))
+    for t in range(L - 1):
+        other = tgt.copy()
+        other[:, t + 1:] = (other[:, t + 1:] + 1 + rng.integers(0, VT - 1, size=other[:, t + 1:].shape)) % VT
+        moved = np.asarray(run(jnp.asarray(src), jnp.asarray(other), params))
+        np.testing.assert_array_equal(moved[:, :t + 1], base[:, :t + 1])
+        assert (moved[:, t + 1:] != base[:, t + 1:]).any()
+
+
+def test_sample_decode_draws_from_the_softmax(model):
+    """jitted and vmapped over 4000 keys: the first token's frequencies match ``softmax(logits_0)`` within 5
+    standard errors; a tiny temperature gives the greedy tokens."""
+    srcj, pj, lj = model["jax"]
+    static = tuple(name for name in DECODE_STATIC if name != "use_cache") + ("temperature",)
+    sample = jax.jit(ji.sample_decode, static_argnames=static)
+    key = jax.random.key(7)
+    cold = sample(srcj, pj, H, bos=1, max_len=MAX_LEN, rng=key, src_lengths=lj, temperature=1e-6)
+    np.testing.assert_array_equal(cold, model["tokens"])
+
+    n = 4000
+    keys = jax.random.split(jax.random.key(11), n)
+    draw = jax.jit(jax.vmap(lambda k: ji.sample_decode(srcj, pj, H, bos=1, max_len=2, rng=k,
+                                                       src_lengths=lj)))
+    draws = np.asarray(draw(keys))  # (n, B, 2)
+    assert ((draws >= 0) & (draws < VT)).all()
+    freq = np.stack([np.bincount(draws[:, b, 0], minlength=VT) / n for b in range(B)])  # (B, Vt)
+    bos = jnp.ones((B, 1), int)
+    p = np.asarray(jax.nn.softmax(ji.transformer(srcj, bos, pj, H, src_lengths=lj)[:, 0]))
+    assert (np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-12).all()
