@@ -105,7 +105,7 @@ def _assert_key_bias_gradients_are_zero(layer_grads):
 # --------------------------------------------------------------------------
 # finite differences: one layer
 
-# id: (self_mask, memory_mask, norm_first, activation, dropout_p, need_weights)
+# id: (self_mask, memory_mask, norm_first, activation, dropout_p, return_weights)
 LAYER_CASES = {
     "post-norm-relu-no-masks": ("none", "none", False, "relu", 0.0, False),
     "post-norm-relu-causal-src-padding": ("causal", "padding", False, "relu", 0.0, False),
@@ -115,8 +115,8 @@ LAYER_CASES = {
     "pre-norm-gelu-self-row-masked-src-padding": ("row-masked", "padding", True, "gelu", 0.0, False),
     "post-norm-gelu-dropout-0.2-all-sites": ("causal", "padding", False, "gelu", 0.2, False),
     "pre-norm-relu-dropout-0.2-all-sites": ("causal+padding", "row-masked", True, "relu", 0.2, False),
-    "post-norm-relu-need-weights": ("causal", "row-masked", False, "relu", 0.0, True),
-    "pre-norm-gelu-need-weights-dropout-0.2": ("row-masked", "padding", True, "gelu", 0.2, True),
+    "post-norm-relu-return-weights": ("causal", "row-masked", False, "relu", 0.0, True),
+    "pre-norm-gelu-return-weights-dropout-0.2": ("row-masked", "padding", True, "gelu", 0.2, True),
 }
 
 
@@ -137,27 +137,27 @@ def _layer_case(seed, self_mask, memory_mask, norm_first, activation, p, S=S):
 
 
 def _with_weights(cotangents):
-    """decoder_layer(need_weights=True) and its backward as one objective
+    """decoder_layer(return_weights=True) and its backward as one objective
     ``sum(out c_out) + sum(self_weights c_self) + sum(cross_weights c_cross)``
     (a cotangent may be None), the form fd.check_backward differentiates."""
     def decoder_layer_with_weights(**kwargs):
-        outputs = decoder_layer(**kwargs, need_weights=True)
+        outputs = decoder_layer(**kwargs, return_weights=True)
         return np.array(sum(np.sum(y * c) for y, c in zip(outputs, cotangents) if c is not None))
 
     def backward(d_objective, **kwargs):
         d = tuple(None if c is None else d_objective * c for c in cotangents)
-        return decoder_layer_backward(d, **kwargs, need_weights=True)
+        return decoder_layer_backward(d, **kwargs, return_weights=True)
     return decoder_layer_with_weights, backward
 
 
-@pytest.mark.parametrize("self_mask, memory_mask, norm_first, activation, p, need_weights",
+@pytest.mark.parametrize("self_mask, memory_mask, norm_first, activation, p, return_weights",
                          LAYER_CASES.values(), ids=LAYER_CASES.keys())
 def test_decoder_layer_backward_matches_finite_differences(self_mask, memory_mask, norm_first,
-                                                           activation, p, need_weights):
+                                                           activation, p, return_weights):
     rng, kwargs = _layer_case(0, self_mask, memory_mask, norm_first, activation, p)
     wrt = ["x", "memory"] + _leaves(kwargs["params"], "params")
     d_out = rng.standard_normal((B, L, D))
-    if need_weights:
+    if return_weights:
         cotangents = [d_out, rng.standard_normal((B, H, L, L)), rng.standard_normal((B, H, L, S))]
         f, f_backward = _with_weights(cotangents)
         check_backward(f, f_backward, kwargs, [np.array(1.0)], wrt, sample=SAMPLE)
@@ -170,7 +170,7 @@ def test_decoder_layer_backward_matches_finite_differences(self_mask, memory_mas
 
 @pytest.mark.parametrize("which", ["self", "cross"])
 def test_decoder_layer_backward_with_one_weight_cotangent_none(which):
-    # need_weights: d_out = (d_out, d_self_weights, None) or (d_out, None, d_cross_weights)
+    # return_weights: d_out = (d_out, d_self_weights, None) or (d_out, None, d_cross_weights)
     rng, kwargs = _layer_case(1, "causal", "row-masked", False, "gelu", 0.0)
     d_out = rng.standard_normal((B, L, D))
     d_self = rng.standard_normal((B, H, L, L)) if which == "self" else None
@@ -241,7 +241,7 @@ def test_decoder_backward_matches_finite_differences(num_layers, norm_first, fin
 @pytest.mark.parametrize("p", [0.0, 0.2], ids=["eval", "dropout-0.2"])
 def test_decoder_layer_equals_its_composition_of_public_functions(norm_first, p):
     rng, kwargs = _layer_case(4, "causal+padding", "row-masked", norm_first, "gelu", p)
-    out, self_weights, cross_weights = decoder_layer(**kwargs, need_weights=True)
+    out, self_weights, cross_weights = decoder_layer(**kwargs, return_weights=True)
     by_hand = {k: v for k, v in kwargs.items() if k not in ("x", "memory", "params", "num_heads")}
     want = _by_hand(kwargs["x"], kwargs["memory"], kwargs["params"], **by_hand)
     np.testing.assert_allclose(out, want[0], rtol=1e-13, atol=1e-13)
@@ -304,8 +304,8 @@ def test_padded_memory_positions_are_never_read(norm_first):
 def test_all_true_memory_mask_equals_no_memory_mask(norm_first):
     rng, kwargs = _layer_case(8, "causal", "none", norm_first, "gelu", 0.0)
     everything = np.ones((B, 1, L, S), dtype=bool)
-    out = decoder_layer(**kwargs, need_weights=True)
-    out_masked = decoder_layer(**{**kwargs, "memory_mask": everything}, need_weights=True)
+    out = decoder_layer(**kwargs, return_weights=True)
+    out_masked = decoder_layer(**{**kwargs, "memory_mask": everything}, return_weights=True)
     for got, want in zip(out_masked, out):
         np.testing.assert_array_equal(got, want)
     d_out = rng.standard_normal((B, L, D))
@@ -333,8 +333,8 @@ def test_dropout_p_zero_is_eval_and_draws_nothing(norm_first):
 def test_empty_memory_equals_a_fully_masked_memory(norm_first):
     # S = 0 and "every memory position masked" both leave the heads nothing: the cross block adds b_o
     rng, kwargs = _layer_case(11, "causal", "none", norm_first, "gelu", 0.0)
-    empty = decoder_layer(**{**kwargs, "memory": kwargs["memory"][:, :0]}, need_weights=True)
-    hidden = decoder_layer(**{**kwargs, "memory_mask": np.zeros((B, 1, 1, S), bool)}, need_weights=True)
+    empty = decoder_layer(**{**kwargs, "memory": kwargs["memory"][:, :0]}, return_weights=True)
+    hidden = decoder_layer(**{**kwargs, "memory_mask": np.zeros((B, 1, 1, S), bool)}, return_weights=True)
     assert np.isfinite(empty[0]).all() and empty[2].shape == (B, H, L, 0)
     np.testing.assert_allclose(empty[0], hidden[0], rtol=1e-14, atol=1e-14)
     np.testing.assert_array_equal(empty[1], hidden[1])
@@ -355,7 +355,7 @@ def test_empty_memory_equals_a_fully_masked_memory(norm_first):
 
 def test_fully_masked_rows_give_finite_output_weights_and_gradients():
     rng, kwargs = _layer_case(12, "row-masked", "row-masked", False, "gelu", 0.0)
-    out, self_weights, cross_weights = decoder_layer(**kwargs, need_weights=True)
+    out, self_weights, cross_weights = decoder_layer(**kwargs, return_weights=True)
     np.testing.assert_array_equal(self_weights[:, :, 0], 0.0)  # target query 0 sees no target key
     np.testing.assert_array_equal(cross_weights[:, :, 1], 0.0)  # target query 1 sees no memory
     np.testing.assert_allclose(cross_weights[:, :, [0, 2, 3, 4]].sum(-1), 1.0, rtol=1e-14)
@@ -363,9 +363,9 @@ def test_fully_masked_rows_give_finite_output_weights_and_gradients():
     assert np.isfinite(out).all() and np.isfinite(g["x"]).all() and np.isfinite(g["memory"]).all()
 
 
-def test_need_weights_returns_the_same_output_and_the_weights_of_both_attentions():
+def test_return_weights_returns_the_same_output_and_the_weights_of_both_attentions():
     rng, kwargs = _layer_case(13, "causal", "padding", False, "relu", 0.0)
-    out, self_weights, cross_weights = decoder_layer(**kwargs, need_weights=True)
+    out, self_weights, cross_weights = decoder_layer(**kwargs, return_weights=True)
     np.testing.assert_array_equal(out, decoder_layer(**kwargs))
     assert self_weights.shape == (B, H, L, L) and cross_weights.shape == (B, H, L, S)
     np.testing.assert_array_equal(self_weights[..., ~CAUSAL], 0.0)  # no query sees a later target
@@ -480,10 +480,10 @@ BAD_CALLS = [
     ("dropout_masks-cross-wrong-shape", lambda: decoder_layer(X, MEM, _P, H, dropout_p=0.2, dropout_masks={"cross_attention": _FULL["attention"]}), ValueError, 'dropout_masks["cross_attention"]'),
     ("backward-dropout-missing-site", lambda: decoder_layer_backward(X, X, MEM, _P, H, dropout_p=0.2, dropout_masks=_NO_CROSS), ValueError, "dropout_masks"),
     ("backward-d_out-shape", lambda: decoder_layer_backward(X[:, :3], X, MEM, _P, H), ValueError, "d_out"),
-    ("backward-tuple-without-need_weights", lambda: decoder_layer_backward((X, _W_SELF, _W_CROSS), X, MEM, _P, H), TypeError, "d_out"),
-    ("backward-pair-not-triple", lambda: decoder_layer_backward((X, _W_SELF), X, MEM, _P, H, need_weights=True), ValueError, "d_out"),
-    ("backward-self-weights-shape", lambda: decoder_layer_backward((X, _W_CROSS, None), X, MEM, _P, H, need_weights=True), ValueError, "d_self_weights"),
-    ("backward-cross-weights-float32", lambda: decoder_layer_backward((X, None, _W_CROSS.astype(np.float32)), X, MEM, _P, H, need_weights=True), TypeError, "d_cross_weights"),
+    ("backward-tuple-without-return_weights", lambda: decoder_layer_backward((X, _W_SELF, _W_CROSS), X, MEM, _P, H), TypeError, "d_out"),
+    ("backward-pair-not-triple", lambda: decoder_layer_backward((X, _W_SELF), X, MEM, _P, H, return_weights=True), ValueError, "d_out"),
+    ("backward-self-weights-shape", lambda: decoder_layer_backward((X, _W_CROSS, None), X, MEM, _P, H, return_weights=True), ValueError, "d_self_weights"),
+    ("backward-cross-weights-float32", lambda: decoder_layer_backward((X, None, _W_CROSS.astype(np.float32)), X, MEM, _P, H, return_weights=True), TypeError, "d_cross_weights"),
     ("stack-dropout_masks-wrong-length", lambda: decoder(X, MEM, _STACK, H, dropout_p=0.2, dropout_masks=[_FULL]), ValueError, "dropout_masks"),
     ("stack-backward-layer-1-missing-site", lambda: decoder_backward(X, X, MEM, _STACK, H, dropout_p=0.2, dropout_masks=[_FULL, _NO_CROSS]), ValueError, "dropout_masks[1]"),
 ]
