@@ -18,8 +18,9 @@ each emitted token back, through the KV cache (``cache.py``) by default: one
 position. ``use_cache=False`` recomputes the whole prefix each step; both
 emit the same tokens.
 
-Half precision: the embedding sum ``table[tokens] * sqrt(D) + PE`` is
-computed in float32 and rounded once; the cross-entropy's log-softmax too.
+Half precision: the embedding scale ``table[tokens] * sqrt(D)`` runs in
+float32 and is rounded once (then ``+ PE`` in the table's dtype, as
+numpy_ref); the cross-entropy's log-softmax runs in float32.
 
 Shape letters: ``B`` batch, ``S`` source length, ``L`` target length, ``D``
 model width, ``F`` feed-forward width, ``Vs`` / ``Vt`` vocabularies.
@@ -214,7 +215,7 @@ def sample_decode(src, params, num_heads, *, bos, max_len, rng, temperature=1.0,
         src, params, num_heads, bos, max_len, src_lengths, temperature, tie_embeddings,
         norm_first, activation, eps)
     if rng is None:  # required: a sample must be reproducible from its arguments
-        raise rng_error(rng, "a torch.Generator or an int seed (required)")
+        raise rng_error(rng, "a torch.Generator or an int seed")
     rng, temperature = _generator(rng), float(temperature)
 
     def pick(logits):  # (B, Vt)
@@ -236,9 +237,11 @@ def _table(params, n):
 
 
 def _embed(table, tokens, pe):
-    """``table[tokens] * sqrt(D) + pe`` (float32 for half tables, rounded once)."""
+    """``table[tokens] * sqrt(D) + pe``; half tables are scaled in float32 and
+    rounded once, then the table's dtype adds ``pe`` (as numpy_ref)."""
     D = table.shape[1]
-    return (_upcast(table[tokens]) * math.sqrt(D) + _upcast(pe)).to(table.dtype)  # (B, L, D)
+    scaled = (_upcast(table[tokens]) * math.sqrt(D)).to(table.dtype)  # (B, L, D)
+    return scaled + pe  # (B, L, D)
 
 
 def _logits(y, params, tie_embeddings):
