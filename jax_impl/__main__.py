@@ -112,6 +112,8 @@ def run_transformer(src, src_lengths, tgt, params):
     decode = dict(bos=bos, max_len=max_len, src_lengths=src_lengths)
     results.update(
         steps=steps,
+        single_rows_full=all(bool(causal_mask(1, n, align="bottom_right").all())
+                             for n in range(1, max_len + 1)),
         cached=np.asarray(greedy_decode(src, params, H, use_cache=True, **decode)),  # (B, max_len)
         uncached=np.asarray(greedy_decode(src, params, H, use_cache=False, **decode)),
     )

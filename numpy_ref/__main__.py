@@ -66,11 +66,11 @@ padding mask hides its last {LENGTH - LENGTHS[1]} keys. Prints the shapes, the o
 and the largest attention weight on a padded key (0.0: masking is exact).
 
 Then a tiny encoder-decoder Transformer (vocabularies of {VOCAB}, d_model {TF_D_MODEL},
-{TF_HEADS} heads, d_ff {TF_D_FF}, {TF_LAYERS[0]} encoder + {TF_LAYERS[1]} decoder layer, random weights):
-the shape of every step, the source padding mask and the decoder's causal
-mask as 0/1 grids, the bottom-right causal mask of a cached step, greedy
-decoding token by token through the KV cache (the cache length of each
-step), and greedy_decode with and without the cache side by side."""
+{TF_HEADS} heads, d_ff {TF_D_FF}, {TF_LAYERS[0]} encoder + {TF_LAYERS[1]} decoder layer,
+random weights): the shape of every step, the source padding mask and the
+decoder's causal mask as 0/1 grids, the bottom-right causal mask of a cached
+step, greedy decoding token by token through the KV cache (the cache length
+of each step), and greedy_decode with and without the cache side by side."""
 
 
 def _parser(package: str, description: str) -> argparse.ArgumentParser:
@@ -138,13 +138,13 @@ def transformer_inputs(seed: int = SEED):
     lengths = np.array(SRC_LENGTHS)  # (B,)
     src = rng.integers(2, VOCAB, (BATCH, SRC_LEN))  # (B, S)
     src[np.arange(SRC_LEN)[None, :] >= lengths[:, None]] = PAD
-    tgt = np.concatenate([np.full((BATCH, 1), BOS), rng.integers(2, VOCAB, (BATCH, TGT_LEN - 1))],
-                         axis=1)  # (B, L)
+    words = rng.integers(2, VOCAB, (BATCH, TGT_LEN - 1))  # (B, L - 1)
+    tgt = np.concatenate([np.full((BATCH, 1), BOS), words], axis=1)  # (B, L)
     return src, lengths, tgt, params
 
 
 def run_transformer(src, src_lengths, tgt, params):
-    """The tiny Transformer on numpy_ref, step by step; returns a dict of what ``report_transformer`` prints.
+    """The tiny Transformer on numpy_ref step by step: the dict ``report_transformer`` prints.
 
     Teacher forced, the pieces of :func:`~numpy_ref.transformer.transformer`
     one by one (and the function itself, to show they agree); the cached
@@ -186,6 +186,8 @@ def run_transformer(src, src_lengths, tgt, params):
         "step_mask": causal_mask(CHUNKS[1], L, align="bottom_right"),  # (T, L)
         "top_left_mask": causal_mask(CHUNKS[1], L),  # (T, L): what the step must not use
         "chunks_agree": _close(cached, y),
+        "single_rows_full": all(causal_mask(1, n, align="bottom_right").all()
+                                for n in range(1, MAX_LEN + 1)),
         "steps": steps,
         "cached": greedy_decode(src, params, H, use_cache=True, **decode),  # (B, MAX_LEN)
         "uncached": greedy_decode(src, params, H, use_cache=False, **decode),  # (B, MAX_LEN)
@@ -207,42 +209,51 @@ def _ids(rows) -> str:
     return "  ".join(str([int(v) for v in row]) for row in np.asarray(rows).reshape(len(rows), -1))
 
 
-def _grid(mask, indent="    ") -> str:
-    """A bool matrix as rows of 0/1."""
-    return "\n".join(indent + " ".join("1" if v else "0" for v in row) for row in np.asarray(mask))
+def _bits(row) -> str:
+    """A bool row as 0/1: ``1 1 0``."""
+    return " ".join("1" if v else "0" for v in np.asarray(row).reshape(-1))
 
 
 def report_transformer(r) -> None:
     """Print the tiny Transformer's shapes, masks and decoding (numpy arrays in ``r``)."""
-    B, S = r["src"].shape
-    L, D = r["tgt"].shape[1], r["e_src"].shape[-1]
-    T = r["step_mask"].shape[0]
+    S, L, D = r["src"].shape[1], r["tgt"].shape[1], r["e_src"].shape[-1]
+    T, n = r["step_mask"].shape[0], len(r["steps"])
+    shape = lambda key: str(tuple(r[key].shape)).ljust(12)  # noqa: E731
     print()
     print(f"Tiny Transformer: vocabularies {VOCAB}/{VOCAB}, d_model {D}, {TF_HEADS} heads, "
           f"{TF_LAYERS[0]}+{TF_LAYERS[1]} layers")
     print(f"source ids (pad {PAD}):     {_ids(r['src'])}  lengths {_ids([r['src_lengths']])}")
     print(f"decoder input (bos {BOS}):  {_ids(r['tgt'])}")
-    print(f"source embeddings:      {tuple(r['e_src'].shape)}  src_embed[src] * sqrt({D}) + PE[:{S}]")
+    print(f"source embeddings:      {shape('e_src')}src_embed[src] * sqrt({D}) + PE[:{S}]")
     print(f"memory (encoder out):   {tuple(r['memory'].shape)}")
-    print(f"target embeddings:      {tuple(r['e_tgt'].shape)}  tgt_embed[tgt] * sqrt({D}) + PE[:{L}]")
+    print(f"target embeddings:      {shape('e_tgt')}tgt_embed[tgt] * sqrt({D}) + PE[:{L}]")
     print(f"decoder output:         {tuple(r['y'].shape)}")
-    print(f"logits:                 {tuple(r['logits'].shape)}  equal to transformer(src, tgt): "
+    print(f"logits:                 {shape('logits')}equal to transformer(src, tgt): "
           f"{r['logits_agree']}")
-    print(f"source padding mask {tuple(r['src_mask'].shape)}, 1 = may attend (every query, every head):")
-    for b in range(B):
-        print(f"  sequence {b + 1}: " + _grid(r["src_mask"][b].reshape(1, S), indent="").strip())
+    print(f"source padding mask {tuple(r['src_mask'].shape)} (encoder self-attention and the "
+          "decoder's")
+    print("cross-attention), 1 = may attend, the same for every query and head:")
+    for b, row in enumerate(r["src_mask"]):
+        print(f"  sequence {b + 1}: {_bits(row)}")
     print(f"decoder self-attention mask causal_mask({L}), row = query, column = key:")
-    print(_grid(r["self_mask"]))
-    print(f"a cached step: {T} new tokens after {L - T} cached ones sit at positions {L - T}..{L - 1};")
-    print(f"causal_mask({T}, {L}, align=\"bottom_right\") gives them the last {T} rows above:")
-    print(_grid(r["step_mask"]))
+    for row in r["self_mask"]:
+        print(f"    {_bits(row)}")
+    print(f"a cached step: {T} new tokens after {L - T} cached ones sit at positions "
+          f"{L - T}..{L - 1};")
+    print(f'causal_mask({T}, {L}, align="bottom_right") gives them the last {T} rows above:')
+    for row in r["step_mask"]:
+        print(f"    {_bits(row)}")
     print(f"  (top_left would treat them as positions 0..{T - 1}: "
-          + " / ".join(" ".join("1" if v else "0" for v in row) for row in r["top_left_mask"]) + ")")
-    print(f"  decoder_incremental(chunks={CHUNKS}) equals the full causal pass: {r['chunks_agree']}")
-    print(f"greedy decoding, one decoder_step per token (bos {BOS}, max_len {len(r['steps'])}):")
+          f"{' / '.join(_bits(row) for row in r['top_left_mask'])})")
+    print(f"  decoder_incremental(chunks={CHUNKS}) equals the full causal pass: "
+          f"{r['chunks_agree']}")
+    print(f"greedy decoding by hand, one decoder_step per token (bos {BOS}, max_len {n}):")
+    print('  a step\'s one query sees every filled slot: causal_mask(1, n, align="bottom_right")')
+    print(f"  is all 1s for n = 1..{n}: {r['single_rows_full']}")
     print("  (one id per sequence; the weights are random, so the ids mean nothing)")
     for t, (before, after, fed, nxt) in enumerate(r["steps"]):
-        print(f"  step {t + 1}: cache length {before} -> {after}, fed {_ids([fed])} -> next {_ids([nxt])}")
+        print(f"  step {t + 1}: cache length {before} -> {after}, "
+              f"fed {_ids([fed])} -> next {_ids([nxt])}")
     print(f"greedy_decode(use_cache=True):  {_ids(r['cached'])}")
     print(f"greedy_decode(use_cache=False): {_ids(r['uncached'])}")
     print(f"identical: {np.array_equal(r['cached'], r['uncached'])}")

@@ -129,6 +129,8 @@ def run_transformer(src, src_lengths, tgt, params):
         "step_mask": causal_mask(chunks[1], L, align="bottom_right"),  # (T, L)
         "top_left_mask": causal_mask(chunks[1], L),  # (T, L)
         "chunks_agree": reference._close(cached, y),
+        "single_rows_full": all(bool(causal_mask(1, n, align="bottom_right").all())
+                                for n in range(1, max_len + 1)),
         "steps": steps,
         "cached": greedy_decode(src, params, H, use_cache=True, **decode),  # (B, max_len)
         "uncached": greedy_decode(src, params, H, use_cache=False, **decode),  # (B, max_len)

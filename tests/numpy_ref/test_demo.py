@@ -64,7 +64,8 @@ def _shape(printed, label):
 
 def _rows(text):
     """``[4, 8]  [3, 3]`` -> [[4, 8], [3, 3]]."""
-    return [[int(v) for v in row.split(",") if v.strip()] for row in re.findall(r"\[([\d, ]*)\]", text)]
+    rows = re.findall(r"\[([\d, ]*)\]", text)
+    return [[int(v) for v in row.split(",") if v.strip()] for row in rows]
 
 
 def _grid(printed, header):
@@ -121,13 +122,13 @@ def test_transformer_masks_printed_are_padding_causal_and_bottom_right(printed, 
     np.testing.assert_array_equal(causal, np.tril(np.ones((L, L), bool)))
     step = _grid(printed, f'causal_mask({T}, {L}, align="bottom_right")')
     np.testing.assert_array_equal(step, causal[L - T:])  # a step's queries are the last rows
-    assert re.search(rf"decoder_incremental\(chunks={re.escape(str(CHUNKS))}\) equals the full causal "
-                     r"pass: True$", printed, re.M), printed
+    chunked = rf"decoder_incremental\(chunks={re.escape(str(CHUNKS))}\)"
+    assert re.search(rf"{chunked} equals the full causal pass: True$", printed, re.M), printed
 
 
 def _decoding(printed):
-    steps = re.findall(r"^  step (\d+): cache length (\d+) -> (\d+), fed (\[.*?\]) -> next (\[.*?\])$",
-                       printed, re.M)
+    step = r"^  step (\d+): cache length (\d+) -> (\d+), fed (\[.*?\]) -> next (\[.*?\])$"
+    steps = re.findall(step, printed, re.M)
     cached = _rows(_line(printed, "greedy_decode(use_cache=True):"))
     uncached = _rows(_line(printed, "greedy_decode(use_cache=False):"))
     return steps, cached, uncached
@@ -154,6 +155,7 @@ def test_decoding_steps_grow_the_cache_by_one_and_feed_back_the_greedy_tokens(pr
     assert [(int(s[1]), int(s[2])) for s in steps] == [(t, t + 1) for t in range(MAX_LEN)]
     fed = [_rows(s[3])[0] for s in steps]
     nxt = [_rows(s[4])[0] for s in steps]
+    assert re.search(rf"^  is all 1s for n = 1\.\.{MAX_LEN}: True$", printed, re.M), printed
     assert fed[0] == [BOS] * len(cached)
     assert fed[1:] == nxt[:-1]  # each step is fed the token the step before chose
     assert np.array(nxt).T.tolist() == cached  # the hand loop emits greedy_decode's tokens
