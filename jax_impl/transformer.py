@@ -14,7 +14,7 @@ The mirror of ``numpy_ref.transformer`` without the ``*_backward`` functions
 (``jax.vjp`` / ``jax.grad``). Static under ``jax.jit``: ``num_heads``,
 ``tie_embeddings``, ``norm_first``, ``activation``, ``eps``, ``dropout_p``,
 ``ignore_index``, ``label_smoothing``; for the decoders also ``bos``,
-``max_len``, ``use_cache``. Token ids, lengths and the PRNG keys are traced
+``max_len``, ``use_cache``, ``temperature``. Token ids, lengths and the PRNG keys are traced
 arrays. Under ``jit`` the value rules (tokens in ``[0, V)``) cannot read
 traced values; an out-of-range token then reads a row of NaN (embeddings)
 or a NaN log-probability (:func:`cross_entropy`), never a wrapped or clamped
@@ -216,7 +216,8 @@ def sample_decode(src, params, num_heads, *, bos, max_len, rng, temperature=1.0,
       src, params, num_heads, bos, max_len, src_lengths, tie_embeddings,
         norm_first, activation, eps: as :func:`greedy_decode`.
       rng: a JAX PRNG key (required).
-      temperature: ``> 0``; small values approach greedy decoding.
+      temperature: a Python number ``> 0`` (static under ``jit``: the rules
+        read its value); small values approach greedy decoding.
 
     Returns:
       int ``tokens (B, max_len)``.

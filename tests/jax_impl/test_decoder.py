@@ -18,7 +18,6 @@ Few shapes, few compiles: the machine running the suite is small. Sizes from
 ``tests/dims.py``: B=2, H=3, D=12, F=20, target L=5, source S=7.
 """
 import functools
-import inspect
 
 import numpy as np
 import pytest
@@ -40,9 +39,6 @@ F64_GRAD = F64_OUT  # the published float64 row is the same for outputs and grad
 LAW_TOL = 1e-12  # the cache law: the same float64 function in another order of operations
 VT, VS = 11, 13  # vocabularies (distinct from every other size)
 
-#: numpy_ref's decoder_layer flag for the weights (the contract renamed need_weights)
-WEIGHTS = "return_weights" if "return_weights" in inspect.signature(nr.decoder_layer).parameters \
-    else "need_weights"
 
 
 # --------------------------------------------------------------------------
@@ -95,12 +91,12 @@ def test_decoder_layer_and_its_gradients_equal_numpy_ref(rng, norm_first):
     kwargs = dict(x=x, memory=memory, params=params, **config)
     fn = functools.partial(ji.decoder_layer, num_heads=H, return_weights=True)
     got, grads = jax_vjp(fn, kwargs, cts)
-    want = nr.decoder_layer(x, memory, params, H, **config, **{WEIGHTS: True})
+    want = nr.decoder_layer(x, memory, params, H, **config, return_weights=True)
     for name, g, w in zip(("out", "self_weights", "cross_weights"), got, want):
         _close(g, w, F64_OUT, name)
     assert not got[2][1].any()  # the fully masked source: weights exactly 0
     want_grads = flatten(nr.decoder_layer_backward(cts, x, memory, params, H, **config,
-                                                   **{WEIGHTS: True}))
+                                                   return_weights=True))
     assert grads.keys() == want_grads.keys()
     for name in grads:
         _close(grads[name], want_grads[name], F64_GRAD, name)
