@@ -83,7 +83,7 @@ def transformer(src, tgt, params, num_heads, *, src_lengths=None, tgt_lengths=No
         src, tgt, params, num_heads, src_lengths, tgt_lengths, tie_embeddings, norm_first,
         activation, eps, dropout_p, dropout_masks)
     rng = _generator(rng)
-    (B, S), L = src.shape, tgt.shape[1]
+    S, L = src.shape[1], tgt.shape[1]
     pe = _table(params, max(S, L))  # (max(S, L), D)
     src_mask = None if src_lengths is None else padding_mask(src_lengths, S)  # (B, 1, 1, S)
     tgt_mask = None if tgt_lengths is None else padding_mask(tgt_lengths, L)  # (B, 1, 1, L)
@@ -151,6 +151,8 @@ def init_transformer(rng, src_vocab, tgt_vocab, d_model, d_ff, num_encoder_layer
         src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d_model, d_ff=d_ff)
     n_enc = rules.count(num_encoder_layers, "num_encoder_layers")  # >= 0
     n_dec = rules.count(num_decoder_layers, "num_decoder_layers")
+    rules.flag(final_norm, "final_norm")
+    rules.flag(tie_embeddings, "tie_embeddings")
     std, bound = D ** -0.5, 1.0 / math.sqrt(D)
     params = {
         "src_embed": torch.randn((Vs, D), generator=rng, dtype=torch.float64) * std,

@@ -6,8 +6,6 @@ the cache included), the purity of the cache, decoding, and the modules.
 Every dimension has its own size: B=2, H=3, Dh=4 (D=12), L=5 target
 tokens, S=7 memory positions, F=20, vocabularies Vs=11, Vt=13.
 """
-import inspect
-
 import numpy as np
 import pytest
 
@@ -28,10 +26,6 @@ LAW_TOL = 1e-12  # the brief's law, float64
 
 np_dec = pytest.importorskip("numpy_ref.decoder")
 np_cache = pytest.importorskip("numpy_ref.cache")
-
-# numpy_ref's flag for the weights was need_weights before the contract named it return_weights
-_NP_WEIGHTS = "return_weights" if "return_weights" in inspect.signature(
-    np_dec.decoder_layer).parameters else "need_weights"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -127,7 +121,7 @@ def test_decoder_layer_matches_numpy_ref_with_weights_and_gradients(norm_first, 
     self_mask, memory_mask = MASKS[masks]
     kw = dict(self_mask=self_mask, memory_mask=memory_mask, norm_first=norm_first,
               activation=activation)
-    want = np_dec.decoder_layer(x, memory, params, H, **kw, **{_NP_WEIGHTS: True})
+    want = np_dec.decoder_layer(x, memory, params, H, **kw, return_weights=True)
     tp, tx, tm = t(params, True), t(x, True), t(memory, True)
     tkw = {**kw, "self_mask": t(self_mask), "memory_mask": t(memory_mask)}
     got = torch_impl.decoder_layer(tx, tm, tp, H, **tkw, return_weights=True)
@@ -586,3 +580,63 @@ def test_lower_precision_transformer_logits_within_the_published_bound(name):
     got = torch_impl.transformer(src, tgt, tp, H, **t(kw))
     assert got.dtype == LOW[name]
     _judge(name, "out", got, want_low, truth)
+
+
+def test_transformer_with_every_keep_mask_given_matches_numpy_ref_with_gradients():
+    """Dropout at p=0.4 with explicit keep-masks at every site (the two
+    embedding sums, each encoder and decoder layer's sites): the same
+    function as numpy_ref's, gradients included."""
+    np_tf = pytest.importorskip("numpy_ref.transformer")
+    params, (src, tgt) = transformer_params(13), tokens(13)
+    rng = np.random.default_rng(14)
+
+    def keep(*shape):
+        return rng.random(shape) >= 0.4
+
+    enc = {"attention": (B, H, S, S), "ffn": (B, S, F), "residual_attn": (B, S, D), "residual_ffn": (B, S, D)}
+    dec = {"attention": (B, H, L, L), "cross_attention": (B, H, L, S), "ffn": (B, L, F),
+           "residual_attn": (B, L, D), "residual_cross": (B, L, D), "residual_ffn": (B, L, D)}
+    masks = {"src_embed": keep(B, S, D), "tgt_embed": keep(B, L, D),
+             "encoder": [{k: keep(*s) for k, s in enc.items()} for _ in range(2)],
+             "decoder": [{k: keep(*s) for k, s in dec.items()} for _ in range(2)]}
+    kw = dict(src_lengths=np.array([7, 4]), dropout_p=0.4, dropout_masks=masks)
+    np_params = tree_map(to_numpy, params)
+    want = np_tf.transformer(src.numpy(), tgt.numpy(), np_params, H, **kw)
+    tp = t(np_params, True)
+    got = torch_impl.transformer(src, tgt, tp, H, **t(kw))
+    assert_close(got, want, what="logits")
+    d_out = rng.normal(size=want.shape)
+    grads = autograd(got, {"params": tp}, t(d_out))
+    want_grads = np_tf.transformer_backward(d_out, src.numpy(), tgt.numpy(), np_params, H, **kw)
+    assert_tree_close(grads, {"params": want_grads["params"]}, what="grad.")
+
+
+def test_modules_draw_dropout_in_train_mode_only():
+    model = torch_impl.Transformer(VS, VT, D, H, F, 1, 1, dropout=0.3, dtype=torch.float64)
+    src, tgt = tokens(15)
+    torch.manual_seed(0)
+    a = model(src, tgt)
+    torch.manual_seed(0)
+    assert torch.equal(model(src, tgt), a)  # torch's global RNG, reproducible
+    model.eval()
+    assert not torch.equal(model(src, tgt), a)
+    assert torch.equal(model(src, tgt), torch_impl.transformer(src, tgt, model.params(), H))
+
+
+def test_nan_in_padded_memory_reaches_neither_the_cached_outputs_nor_their_gradients():
+    """SPEC 3.4a: padding may hold anything. The cached pass zeroes the unread
+    memory positions before projecting them into the cache, as the full pass
+    does, so even autograd's ``memoryᵀ dK`` stays finite."""
+    params, x, memory, _ = law_setup(False, 91)
+    memory[1, 4:] = np.nan  # source length 4 in batch row 1
+    memory_mask = src_padding((7, 4))
+    tp, tx, tm = t(params, True), t(x, True), t(memory, True)
+    full = torch_impl.decoder(tx, tm, tp, H, self_mask=torch_impl.causal_mask(L), memory_mask=t(memory_mask))
+    inc = torch_impl.decoder_incremental(tx, tm, tp, H, chunks=(2, 3), memory_mask=t(memory_mask))
+    assert torch.isfinite(inc).all() and max_error(to_numpy(inc), to_numpy(full)) <= LAW_TOL
+    wrt = {"x": tx, "memory": tm, "params": tp}
+    d_out = t(np.random.default_rng(4).normal(size=x.shape))
+    g_inc, g_full = (flatten(tree_map(to_numpy, autograd(o, wrt, d_out))) for o in (inc, full))
+    for k in g_full:
+        assert np.isfinite(g_inc[k]).all(), k
+        assert max_error(g_inc[k], g_full[k]) <= LAW_TOL * max(1.0, magnitude(g_full[k])), k

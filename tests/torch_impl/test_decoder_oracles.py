@@ -23,7 +23,6 @@ Sizes: B=2, L=5, S=7, D=12, F=20; H=3 (odd: no MHA fast path) and H=4 (even).
 """
 import warnings
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
