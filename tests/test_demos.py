@@ -1,8 +1,9 @@
 """The tutorial demos' command line: ``python -m numpy_ref`` / ``torch_impl`` /
 ``jax_impl``.
 
-The mirrors print the same report as numpy_ref and agree with it to float64
-rounding; every demo has ``--help`` and ``--seed``, rejects unknown options
+The mirrors print the same report as numpy_ref (the encoder layer, then the
+tiny encoder-decoder Transformer: shapes, masks, the cached decoding) and
+agree with it to float64 rounding; every demo has ``--help`` and ``--seed``, rejects unknown options
 as argparse does (status 2), and a mirror whose framework is not installed
 says so in one line on stderr instead of a traceback.
 """
@@ -81,6 +82,16 @@ def test_another_seed_changes_the_output_but_padded_keys_still_get_no_weight(ref
     assert re.search(r"^weight on padded keys:\s+0\.0 ", printed, re.M), printed
 
 
+def test_another_seed_changes_the_transformer_ids_but_the_cache_still_decodes_the_same(reference_report):
+    printed = _demo("numpy_ref", "--seed", "1").stdout
+    ids = re.compile(r"^source ids .*$", re.M)
+    assert ids.search(printed).group() != ids.search(reference_report).group()
+    cached = re.search(r"^greedy_decode\(use_cache=True\):\s+(.*)$", printed, re.M).group(1)
+    uncached = re.search(r"^greedy_decode\(use_cache=False\):\s+(.*)$", printed, re.M).group(1)
+    assert cached == uncached
+    assert re.search(r"^identical: True$", printed, re.M), printed
+
+
 # --------------------------------------------------------------------------
 # the command line
 
@@ -92,6 +103,8 @@ def test_help_prints_usage_what_the_demo_does_and_the_seed_option(package):
     assert result.stdout.startswith(f"usage: python -m {package} "), result.stdout
     text = " ".join(result.stdout.split())  # argparse rewraps the description
     assert "one post-norm encoder layer (8 heads, d_ff 128)" in text
+    assert "Then a tiny encoder-decoder Transformer (vocabularies of 12, d_model 16, 2 heads" in text
+    assert "greedy_decode with and without the cache side by side" in text
     assert "--seed SEED seed of the random embeddings and weights (default 0)" in text
     assert result.stderr == ""
 
