@@ -43,25 +43,38 @@ def padding_mask(lengths=None, max_len=None, *, tokens=None, pad_id=0):
     return keep[:, None, None, :]  # (B, 1, 1, Lk)
 
 
-def causal_mask(Lq, Lk=None, device=None):
-    """Look-ahead mask, lower-triangular with the diagonal, aligned top-left.
+def causal_mask(Lq, Lk=None, device=None, *, align="top_left"):
+    """Look-ahead mask, lower-triangular with the diagonal.
 
-    ``mask[i, j] = j <= i``: query ``i`` sees keys ``0..i``. With ``Lk > Lq``
-    the extra keys on the right are hidden from every query (top-left
-    alignment, as ``torch.tril``); with ``Lk < Lq`` the last queries see all keys.
+    ``mask[i, j] = j <= i + offset``: query ``i`` sees keys ``0..i + offset``,
+    with ``offset = 0`` for ``align="top_left"`` and ``offset = Lk - Lq`` for
+    ``align="bottom_right"``; the two agree when ``Lq == Lk``.
+
+    - ``"top_left"`` (PyTorch ``is_causal``, ``torch.tril``, JAX): query ``i``
+      sits at position ``i``. With ``Lk > Lq`` the extra keys on the right are
+      hidden from every query; with ``Lk < Lq`` the last queries see all keys.
+    - ``"bottom_right"`` (FlashAttention >= 2.1, PyTorch
+      ``causal_lower_right``, a KV cache): the queries are the *last* ``Lq``
+      positions of the key sequence, query ``i`` sits at position
+      ``i + Lk - Lq``. With ``Lk > Lq`` (a cache: earlier keys) the last query
+      sees every key; with ``Lq > Lk`` the first ``Lq - Lk`` rows see no key
+      at all. Our attention turns such fully masked rows into zeros (output,
+      weights and gradients), not NaN (PyTorch's ``causal_lower_right`` gives NaN).
 
     Args:
       Lq: number of queries.
       Lk: number of keys, defaults to ``Lq``.
       device: where to build the mask (torch only).
+      align: ``"top_left"`` or ``"bottom_right"``.
 
     Returns:
-      bool ``(Lq, Lk)``.
+      bool ``(Lq, Lk)``, equal to ``torch.ones(Lq, Lk, dtype=torch.bool).tril(offset)``.
     """
-    Lq, Lk, _ = rules.causal_mask(Lq, Lk)  # SPEC 3.2: non-negative ints
+    Lq, Lk, align = rules.causal_mask(Lq, Lk, align)  # SPEC 3.2 / 5: non-negative ints, a known align
+    offset = 0 if align == "top_left" else Lk - Lq
     keys = torch.arange(Lk, device=device)[None, :]  # (1, Lk)
     queries = torch.arange(Lq, device=device)[:, None]  # (Lq, 1)
-    return keys <= queries  # (Lq, Lk)
+    return keys <= queries + offset  # (Lq, Lk)
 
 
 def combine_masks(*masks):

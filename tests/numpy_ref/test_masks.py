@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from numpy_ref import causal_mask, combine_masks, mask_to_bias, padding_mask
+from numpy_ref import causal_mask, combine_masks, mask_to_bias, padding_mask, scaled_dot_product_attention
 
 
 def test_causal_mask_3_by_5_is_lower_triangular_aligned_top_left():
@@ -27,6 +27,58 @@ def test_causal_mask_defaults_to_square_and_matches_tril():
     m = causal_mask(4)
     assert m.dtype == bool and m.shape == (4, 4)
     np.testing.assert_array_equal(m, np.tril(np.ones((4, 4), dtype=bool)))
+
+
+# (Lq, Lk): square, a cache's step (fewer queries), more queries than keys, and empty axes
+ALIGN_SHAPES = [(4, 4), (2, 5), (1, 6), (5, 2), (3, 0), (0, 3), (0, 0)]
+
+
+@pytest.mark.parametrize("Lq, Lk", ALIGN_SHAPES, ids=[f"{q}x{k}" for q, k in ALIGN_SHAPES])
+def test_causal_mask_alignments_are_tril_with_their_offsets(Lq, Lk):
+    # top-left: query i sits at position i; bottom-right: at position i + Lk - Lq
+    ones = np.ones((Lq, Lk), dtype=bool)
+    for align, offset in (("top_left", 0), ("bottom_right", Lk - Lq)):
+        m = causal_mask(Lq, Lk, align=align)
+        assert m.dtype == bool and m.shape == (Lq, Lk)
+        np.testing.assert_array_equal(m, np.tril(ones, k=offset))
+        i, j = np.indices((Lq, Lk))
+        np.testing.assert_array_equal(m, j <= i + offset)  # the definition, entry by entry
+
+
+def test_causal_mask_top_left_is_the_default():
+    for Lq, Lk in ALIGN_SHAPES:
+        np.testing.assert_array_equal(causal_mask(Lq, Lk), causal_mask(Lq, Lk, align="top_left"))
+
+
+@pytest.mark.parametrize("L", [0, 1, 4])
+def test_causal_mask_alignments_agree_when_square(L):
+    np.testing.assert_array_equal(causal_mask(L, align="bottom_right"), causal_mask(L, align="top_left"))
+
+
+def test_causal_mask_bottom_right_the_last_query_sees_every_key():
+    # a cache step: 2 new queries after 3 cached keys sit at positions 3 and 4
+    m = causal_mask(2, 5, align="bottom_right")
+    np.testing.assert_array_equal(m[-1], np.ones(5, dtype=bool))
+    np.testing.assert_array_equal(m[0], np.arange(5) <= 3)
+
+
+def test_causal_mask_bottom_right_with_more_queries_masks_the_first_rows_fully():
+    Lq, Lk = 5, 2
+    m = causal_mask(Lq, Lk, align="bottom_right")
+    assert not m[: Lq - Lk].any()  # rows 0..Lq-Lk-1 see no key at all
+    assert m[Lq - Lk:].any(axis=1).all()
+    np.testing.assert_array_equal(m[Lq - Lk:], causal_mask(Lk, align="top_left"))
+
+
+def test_sdpa_with_bottom_right_more_queries_than_keys_gives_zero_rows_not_nan():
+    Lq, Lk = 5, 2
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((2, Lq, 3)), rng.standard_normal((2, Lk, 3)), rng.standard_normal((2, Lk, 4))
+    out, weights = scaled_dot_product_attention(q, k, v, causal_mask(Lq, Lk, align="bottom_right"))
+    assert np.isfinite(out).all() and np.isfinite(weights).all()
+    np.testing.assert_array_equal(out[:, : Lq - Lk], 0.0)
+    np.testing.assert_array_equal(weights[:, : Lq - Lk], 0.0)
+    np.testing.assert_allclose(weights[:, Lq - Lk:].sum(axis=-1), 1.0, rtol=1e-15)
 
 
 def test_padding_mask_from_lengths_keeps_the_first_length_keys():
@@ -98,6 +150,8 @@ BAD_CALLS = [
     ("padding_mask-tokens-with-max_len", lambda: padding_mask(max_len=3, tokens=np.ones((2, 3), int)), ValueError, "max_len"),
     ("causal_mask-float-Lq", lambda: causal_mask(3.0), TypeError, "Lq"),
     ("causal_mask-negative-Lk", lambda: causal_mask(3, -2), ValueError, "Lk"),
+    ("causal_mask-unknown-align", lambda: causal_mask(3, align="bottom_left"), ValueError, "align"),
+    ("causal_mask-align-none", lambda: causal_mask(3, 4, align=None), ValueError, "align"),
     ("combine_masks-float-mask", lambda: combine_masks(causal_mask(2), np.ones((2, 2))), TypeError, "masks[1]"),
     ("combine_masks-int-mask", lambda: combine_masks(np.ones((2, 2), int)), TypeError, "masks[0]"),
     ("combine_masks-incompatible-shapes", lambda: combine_masks(causal_mask(3), None, causal_mask(4)), ValueError, "masks[2]"),
