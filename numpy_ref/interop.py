@@ -38,6 +38,12 @@ __all__ = [
     "mha_params_from_torch",
     "encoder_layer_params_to_torch",
     "encoder_layer_params_from_torch",
+    "decoder_layer_params_to_torch",
+    "decoder_layer_params_from_torch",
+    "decoder_params_to_torch",
+    "decoder_params_from_torch",
+    "transformer_params_to_torch",
+    "transformer_params_from_torch",
     "mask_from_torch",
     "mask_to_torch",
     "heads_to_blhd",
@@ -151,6 +157,115 @@ def encoder_layer_params_from_torch(state):
       "norm2": {...}}``.
     """
     return _core.encoder_layer_params_from_torch(_OPS, state)
+
+
+def decoder_layer_params_to_torch(params):
+    """Canonical decoder-layer params -> ``nn.TransformerDecoderLayer`` state dict.
+
+    ``self_attn.*`` from ``params["self_attn"]`` and ``multihead_attn.*``
+    (PyTorch's name for the cross-attention) from ``params["cross_attn"]``,
+    each as in ``mha_params_to_torch``; ``linear1.weight = w_1ᵀ``,
+    ``linear2.weight = w_2ᵀ``; ``normN.weight = gamma``, ``normN.bias = beta``
+    for N = 1, 2, 3.
+
+    Args:
+      params: ``{"self_attn": {8 arrays}, "cross_attn": {8 arrays}, "ffn":
+        {"w_1": (D, F), "b_1": (F,), "w_2": (F, D), "b_2": (D,)}, "norm1",
+        "norm2", "norm3": {"gamma": (D,), "beta": (D,)}}``.
+
+    Returns:
+      the 22 ``nn.TransformerDecoderLayer(D, H, F, batch_first=True)``
+      state-dict entries (``self_attn.in_proj_weight (3D, D)``, ...,
+      ``multihead_attn.out_proj.bias (D,)``, ``linear1.weight (F, D)``, ...,
+      ``norm3.bias (D,)``), numpy arrays.
+    """
+    return _core.decoder_layer_params_to_torch(_OPS, params)
+
+
+def decoder_layer_params_from_torch(state):
+    """``nn.TransformerDecoderLayer`` state dict -> canonical decoder-layer params.
+
+    The inverse of ``decoder_layer_params_to_torch`` (``multihead_attn.*``
+    becomes ``cross_attn``). Also maps gradients.
+
+    Args:
+      state: the 22 entries (extra keys are ignored), numpy arrays or array-likes (a CPU ``state_dict()`` as is).
+
+    Returns:
+      ``{"self_attn", "cross_attn", "ffn", "norm1", "norm2", "norm3"}``.
+    """
+    return _core.decoder_layer_params_from_torch(_OPS, state)
+
+
+def decoder_params_to_torch(params):
+    """Canonical decoder params -> ``nn.TransformerDecoder`` state dict.
+
+    Layer ``i``'s entries under ``layers.i.`` (as
+    ``decoder_layer_params_to_torch``), then ``norm.weight``, ``norm.bias``
+    iff ``"norm" in params`` (build ``nn.TransformerDecoder(layer, N,
+    norm=nn.LayerNorm(D))`` for those).
+
+    Args:
+      params: ``{"layers": [decoder-layer params, ...], "norm"?: {"gamma", "beta"}}``.
+
+    Returns:
+      ``{"layers.0.self_attn.in_proj_weight": (3D, D), ..., "norm.bias"?: (D,)}``, numpy arrays.
+    """
+    return _core.decoder_params_to_torch(_OPS, params)
+
+
+def decoder_params_from_torch(state):
+    """``nn.TransformerDecoder`` state dict -> canonical decoder params.
+
+    The layers ``0..N-1`` are read from the ``layers.i.*`` keys (a missing
+    key of a layer below the highest index found is a ValueError naming it),
+    ``"norm"`` iff ``norm.weight`` is there. Also maps gradients.
+
+    Args:
+      state: ``layers.i.*`` and optionally ``norm.*`` entries (extra keys are
+        ignored), numpy arrays or array-likes (a CPU ``state_dict()`` as is).
+
+    Returns:
+      ``{"layers": [...], "norm"?: {"gamma", "beta"}}``.
+    """
+    return _core.decoder_params_from_torch(_OPS, state)
+
+
+def transformer_params_to_torch(params):
+    """Our encoder and decoder stacks -> ``nn.Transformer`` state dict.
+
+    ``encoder.*`` from ``params["encoder"]`` (``encoder.layers.i.*`` as
+    ``encoder_layer_params_to_torch``, ``encoder.norm.*``) and ``decoder.*``
+    from ``params["decoder"]`` (as ``decoder_params_to_torch``).
+    ``nn.Transformer`` has no embeddings, no positional encoding and no
+    output projection: ``params["src_embed"]``, ``["tgt_embed"]`` and
+    ``["out"]`` are not read (and may be absent). ``nn.Transformer`` builds
+    both final norms, so its state dict matches params initialized with
+    ``final_norm=True``.
+
+    Args:
+      params: ``{"encoder": {"layers", "norm"?}, "decoder": {"layers", "norm"?}, ...}``.
+
+    Returns:
+      ``{"encoder.layers.0.self_attn.in_proj_weight": ..., "decoder.norm.bias": ...}``, numpy arrays.
+    """
+    return _core.transformer_params_to_torch(_OPS, params)
+
+
+def transformer_params_from_torch(state):
+    """``nn.Transformer`` state dict -> ``{"encoder": {...}, "decoder": {...}}``.
+
+    The inverse of ``transformer_params_to_torch``: only our encoder and
+    decoder stacks (``nn.Transformer`` holds no embeddings or output
+    projection). Also maps gradients.
+
+    Args:
+      state: ``encoder.*`` and ``decoder.*`` entries, numpy arrays or array-likes (a CPU ``state_dict()`` as is).
+
+    Returns:
+      ``{"encoder": {"layers": [...], "norm"?}, "decoder": {"layers": [...], "norm"?}}``.
+    """
+    return _core.transformer_params_from_torch(_OPS, state)
 
 
 def mask_from_torch(attn_mask=None, key_padding_mask=None):

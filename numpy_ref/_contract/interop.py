@@ -22,11 +22,16 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Callable, NamedTuple
 
+from .rules import _type_str
+
 __all__ = [
-    "ArrayOps", "Block", "MHA", "FFN", "NORM", "LAYER",
+    "ArrayOps", "Block", "MHA", "FFN", "NORM", "LAYER", "DECODER_LAYER",
     # the conversions, each bound by the mirrors under the same name
     "mha_params_to_torch", "mha_params_from_torch",
     "encoder_layer_params_to_torch", "encoder_layer_params_from_torch",
+    "decoder_layer_params_to_torch", "decoder_layer_params_from_torch",
+    "decoder_params_to_torch", "decoder_params_from_torch",
+    "transformer_params_to_torch", "transformer_params_from_torch",
     "mask_from_torch", "mask_to_torch", "heads_to_blhd", "heads_from_blhd",
     "RNN", "RNN_CELL", "GRU", "GRU_CELL",
     "rnn_params_to_torch", "rnn_params_from_torch", "gru_params_to_torch", "gru_params_from_torch",
@@ -99,7 +104,16 @@ LAYER = {
     "norm1": (NORM, "norm1."),
     "norm2": (NORM, "norm2."),
 }
-
+#: decoder-layer block -> (its table, its prefix in ``nn.TransformerDecoderLayer``'s
+#: state dict): the cross-attention is PyTorch's ``multihead_attn``
+DECODER_LAYER = {
+    "self_attn": (MHA, "self_attn."),
+    "cross_attn": (MHA, "multihead_attn."),
+    "ffn": (FFN, ""),
+    "norm1": (NORM, "norm1."),
+    "norm2": (NORM, "norm2."),
+    "norm3": (NORM, "norm3."),
+}
 
 
 def _cell(G: str, suffix: str) -> Block:
@@ -204,33 +218,40 @@ def _check_mha_state(checks, state, name: str, prefix: str = "") -> int:
     return dims["D"]
 
 
-def _check_layer_params(checks, params, name: str) -> None:
-    """Canonical encoder-layer params: the attention block as ``mha_params_to_torch``
-    checks it, then the other blocks, then one dtype across all."""
-    checks.check_params(params, name, tuple(LAYER))
-    dims = {"D": _check_mha_params(checks, params["self_attn"], f"{name}.self_attn")}
-    for block_name, (block, _) in LAYER.items():
-        if block is not MHA:
+def _check_layer_params(checks, params, name: str, layer: dict = LAYER) -> None:
+    """Canonical layer params (``layer``: :data:`LAYER` or :data:`DECODER_LAYER`):
+    the first attention block as ``mha_params_to_torch`` checks it (it fixes
+    ``D``), then the other blocks, then one dtype across all."""
+    checks.check_params(params, name, tuple(layer))
+    first = next(iter(layer))
+    dims = {"D": _check_mha_params(checks, params[first], f"{name}.{first}")}
+    for block_name, (block, _) in layer.items():
+        if block_name != first:
             _check_block_params(checks, params[block_name], f"{name}.{block_name}", block, dims)
     checks.check_same_float_dtype({
         f"{name}.{block_name}.{key}": params[block_name][key]
-        for block_name, (block, _) in LAYER.items() for key in block.shapes
+        for block_name, (block, _) in layer.items() for key in block.shapes
     })
 
 
-def _layer_torch_keys() -> tuple:
-    """The 12 keys of an ``nn.TransformerEncoderLayer`` state dict, in its order."""
-    return tuple(prefix + key for block, prefix in LAYER.values() for key in block.torch)
+def _layer_torch_keys(layer: dict = LAYER, prefix: str = "") -> tuple:
+    """The keys of an ``nn.TransformerEncoderLayer`` (12) or, for
+    :data:`DECODER_LAYER`, ``nn.TransformerDecoderLayer`` (22) state dict, in
+    its order, each under ``prefix`` (``"layers.0."`` in a stack)."""
+    return tuple(prefix + block_prefix + key for block, block_prefix in layer.values()
+                 for key in block.torch)
 
 
-def _check_layer_state(checks, state, name: str) -> None:
-    """An ``nn.TransformerEncoderLayer`` state dict: the attention entries as
+def _check_layer_state(checks, state, name: str, layer: dict = LAYER, prefix: str = "") -> None:
+    """A layer's state-dict entries under ``prefix``: the first attention's as
     ``mha_params_from_torch`` checks them, then the others, then one dtype."""
-    dims = {"D": _check_mha_state(checks, state, name, prefix=LAYER["self_attn"][1])}
-    for block, prefix in LAYER.values():
-        if block is not MHA:
-            _check_block_state(checks, state, name, block, prefix, dims)
-    checks.check_same_float_dtype({f"{name}[{key}]": state[key] for key in _layer_torch_keys()})
+    first_prefix = next(iter(layer.values()))[1]
+    dims = {"D": _check_mha_state(checks, state, name, prefix=prefix + first_prefix)}
+    for i, (block, block_prefix) in enumerate(layer.values()):
+        if i:
+            _check_block_state(checks, state, name, block, prefix + block_prefix, dims)
+    keys = _layer_torch_keys(layer, prefix)
+    checks.check_same_float_dtype({f"{name}[{key}]": state[key] for key in keys})
 
 
 # --------------------------------------------------------------------------
@@ -284,10 +305,7 @@ def mha_params_from_torch(ops: ArrayOps, state) -> dict:
 def encoder_layer_params_to_torch(ops: ArrayOps, params) -> dict:
     """Canonical encoder-layer params -> ``nn.TransformerEncoderLayer`` state dict."""
     _check_layer_params(ops.checks, params, "params")
-    state = {}
-    for block_name, (block, prefix) in LAYER.items():
-        state.update(_block_to_torch(ops, block, params[block_name], prefix))
-    return state
+    return _layer_to_torch(ops, params, LAYER)
 
 
 def encoder_layer_params_from_torch(ops: ArrayOps, state) -> dict:
@@ -296,11 +314,127 @@ def encoder_layer_params_from_torch(ops: ArrayOps, state) -> dict:
     ops.checks.check_params(state, "state", keys)
     state = _as_arrays(ops, state, keys)
     _check_layer_state(ops.checks, state, "state")
-    return {
-        block_name: _block_from_torch(ops, block, state, prefix)
-        for block_name, (block, prefix) in LAYER.items()
-    }
+    return _layer_from_torch(ops, state, LAYER)
 
+
+def decoder_layer_params_to_torch(ops: ArrayOps, params) -> dict:
+    """Canonical decoder-layer params -> ``nn.TransformerDecoderLayer`` state dict."""
+    _check_layer_params(ops.checks, params, "params", DECODER_LAYER)
+    return _layer_to_torch(ops, params, DECODER_LAYER)
+
+
+def decoder_layer_params_from_torch(ops: ArrayOps, state) -> dict:
+    """``nn.TransformerDecoderLayer`` state dict -> canonical decoder-layer params."""
+    keys = _layer_torch_keys(DECODER_LAYER)
+    ops.checks.check_params(state, "state", keys)
+    state = _as_arrays(ops, state, keys)
+    _check_layer_state(ops.checks, state, "state", DECODER_LAYER)
+    return _layer_from_torch(ops, state, DECODER_LAYER)
+
+
+def decoder_params_to_torch(ops: ArrayOps, params) -> dict:
+    """Canonical decoder params ``{"layers", "norm"?}`` -> ``nn.TransformerDecoder`` state dict."""
+    _check_stack_params(ops.checks, params, "params", DECODER_LAYER)
+    return _stack_to_torch(ops, params, DECODER_LAYER)
+
+
+def decoder_params_from_torch(ops: ArrayOps, state) -> dict:
+    """``nn.TransformerDecoder`` state dict -> canonical decoder params ``{"layers", "norm"?}``."""
+    return _stack_from_torch(ops, state, "state", DECODER_LAYER)
+
+
+def transformer_params_to_torch(ops: ArrayOps, params) -> dict:
+    """Our ``params["encoder"]`` and ``params["decoder"]`` -> ``nn.Transformer``'s state dict
+    (``encoder.*``, ``decoder.*``); any other entry (embeddings, ``out``) is not read."""
+    ops.checks.check_params(params, "params", ("encoder", "decoder"))
+    state = {}
+    for stack, layer in (("encoder", LAYER), ("decoder", DECODER_LAYER)):
+        _check_stack_params(ops.checks, params[stack], f"params.{stack}", layer)
+        state.update(_stack_to_torch(ops, params[stack], layer, f"{stack}."))
+    return state
+
+
+def transformer_params_from_torch(ops: ArrayOps, state) -> dict:
+    """``nn.Transformer`` state dict -> ``{"encoder": {"layers", "norm"?}, "decoder": {...}}``."""
+    return {stack: _stack_from_torch(ops, state, "state", layer, f"{stack}.")
+            for stack, layer in (("encoder", LAYER), ("decoder", DECODER_LAYER))}
+
+
+# --------------------------------------------------------------------------
+# layers and stacks of layers
+
+
+def _layer_to_torch(ops: ArrayOps, params, layer: dict, prefix: str = "") -> dict:
+    state = {}
+    for block_name, (block, block_prefix) in layer.items():
+        state.update(_block_to_torch(ops, block, params[block_name], prefix + block_prefix))
+    return state
+
+
+def _layer_from_torch(ops: ArrayOps, state, layer: dict, prefix: str = "") -> dict:
+    return {block_name: _block_from_torch(ops, block, state, prefix + block_prefix)
+            for block_name, (block, block_prefix) in layer.items()}
+
+
+def _check_stack_params(checks, params, name: str, layer: dict) -> None:
+    """``{"layers": [layer params...], "norm"?}``: every layer, the norm's ``D``, one dtype."""
+    checks.check_params(params, name, ("layers",))
+    layers = params["layers"]
+    if not isinstance(layers, (list, tuple)):
+        raise TypeError(f"{name}.layers: expected a list of layer params, got {_type_str(layers)}")
+    for i, p in enumerate(layers):
+        _check_layer_params(checks, p, f"{name}.layers.{i}", layer)
+    if "norm" in params:
+        first = next(iter(layer))
+        dims = {"D": int(layers[0][first]["w_q"].shape[0])} if layers else {}
+        _check_block_params(checks, params["norm"], f"{name}.norm", NORM, dims)
+    leaves = {f"{name}.layers.{i}.{block_name}.{key}": p[block_name][key]
+              for i, p in enumerate(layers) for block_name, (block, _) in layer.items()
+              for key in block.shapes}
+    if "norm" in params:
+        leaves.update({f"{name}.norm.{key}": params["norm"][key] for key in NORM.shapes})
+    if leaves:
+        checks.check_same_float_dtype(leaves)
+
+
+def _stack_to_torch(ops: ArrayOps, params, layer: dict, prefix: str = "") -> dict:
+    """``layers.<i>.*`` for every layer, then ``norm.*`` iff ``"norm" in params``."""
+    state = {}
+    for i, p in enumerate(params["layers"]):
+        state.update(_layer_to_torch(ops, p, layer, f"{prefix}layers.{i}."))
+    if "norm" in params:
+        state.update(_block_to_torch(ops, NORM, params["norm"], f"{prefix}norm."))
+    return state
+
+
+def _stack_from_torch(ops: ArrayOps, state, name: str, layer: dict, prefix: str = "") -> dict:
+    """The layers ``0..N-1`` found under ``prefix + "layers."`` (a gap is an
+    error: the missing layer's keys are named), and ``norm`` iff its weight is there."""
+    if not hasattr(state, "keys"):
+        ops.checks.check_params(state, name, _layer_torch_keys(layer, f"{prefix}layers.0."))
+    found = {int(k[len(prefix) + 7:].split(".", 1)[0]) for k in state
+             if isinstance(k, str) and k.startswith(prefix + "layers.")
+             and k[len(prefix) + 7:].split(".", 1)[0].isdigit()}
+    num_layers = max(found) + 1 if found else 0
+    keys = [key for i in range(num_layers) for key in _layer_torch_keys(layer, f"{prefix}layers.{i}.")]
+    has_norm = f"{prefix}norm.weight" in state or f"{prefix}norm.bias" in state
+    if has_norm:
+        keys += [f"{prefix}norm.{key}" for key in NORM.torch]
+    ops.checks.check_params(state, name, tuple(keys))
+    state = _as_arrays(ops, state, keys)
+    dims = {}
+    for i in range(num_layers):
+        _check_layer_state(ops.checks, state, name, layer, f"{prefix}layers.{i}.")
+        dims = {"D": int(state[f"{prefix}layers.{i}.self_attn.in_proj_weight"].shape[1])}
+    if has_norm:
+        _check_block_state(ops.checks, state, name, NORM, f"{prefix}norm.", dims)
+    if keys:
+        ops.checks.check_same_float_dtype({f"{name}[{key}]": state[key] for key in keys})
+    params = {"layers": [_layer_from_torch(ops, state, layer, f"{prefix}layers.{i}.")
+                         for i in range(num_layers)]}
+    if has_norm:
+        params["norm"] = _block_from_torch(ops, NORM, state, f"{prefix}norm.")
+    return params
 
 
 # --------------------------------------------------------------------------
