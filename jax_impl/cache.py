@@ -1,0 +1,301 @@
+"""The KV cache of incremental decoding: pure functions, the cache is data.
+
+An attention cache is a dict of fixed-capacity arrays and the filled length::
+
+    {"k": (B, H, C, Dh), "v": (B, H, C, Dh), "length": int32 0-d array}
+
+Slots ``[0, length)`` hold the projected, head-split keys and values of the
+tokens seen so far; the slots beyond are zeros and are never read (a
+selection mask, as every mask here). A step with ``T`` new tokens writes
+slots ``[length, length + T)`` with ``lax.dynamic_update_slice`` into a *new*
+cache and returns ``length + T``; the cache passed in is never modified (JAX
+arrays are immutable: nothing here could write into it). Its queries sit at
+absolute positions ``length .. length + T - 1`` and see the keys ``j <= their
+position`` (bottom-right causal over the filled slots).
+
+Because ``length`` is an array, not a Python int, and the capacity ``C``
+fixes every shape, one ``jax.jit``-ed decode step (``T = 1``) is traced once
+and reused at every position; ``lax.scan`` / ``fori_loop`` can carry the
+cache. The price: under ``jit`` the length is traced, so an overflow
+(``length + T > C``) cannot raise. It is made visible instead: **the step's
+output and the returned cache's ``k`` and ``v`` are all NaN** (so every later
+step reading that cache is NaN too), and the returned length is
+``length + T``, past the capacity. A negative length is poisoned the same way.
+Eager calls, whose length is concrete, raise the rules' ValueError before
+anything runs.
+
+Eval only: no dropout in the cached functions. The law (``decoder_incremental``
+equals ``decoder`` with ``causal_mask(L)``, float64 to 1e-12) holds for any
+chunking, and ``jax.grad`` differentiates through the cache
+(``dynamic_update_slice`` is linear in the update), giving the full pass's
+gradients.
+
+Static under ``jax.jit``: ``num_heads``, ``capacity``, ``norm_first``,
+``activation``, ``eps``, ``chunks``.
+
+Shape letters: ``B`` batch, ``H`` heads, ``C`` capacity, ``Dh = D / H``,
+``T`` tokens of one step, ``S`` source length, ``L`` target length.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ._checks import float_dtype, rules
+from .attention import _merge_heads, _project_heads, _split_heads, scaled_dot_product_attention
+from .decoder import _layer_body
+from .layers import _add_broadcast, layer_norm
+
+__all__ = [
+    "init_attention_cache",
+    "self_attention_step",
+    "init_decoder_layer_cache",
+    "decoder_layer_step",
+    "init_decoder_cache",
+    "decoder_step",
+    "decoder_incremental",
+]
+
+#: the dtype of a cache's ``length`` (also with ``jax_enable_x64``: one dtype, one trace)
+LENGTH_DTYPE = jnp.int32
+
+
+# --------------------------------------------------------------------------
+# one attention cache
+
+
+def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=jnp.float32):
+    """An empty attention cache: ``k``, ``v`` zeros ``(B, H, C, D / H)``, length 0.
+
+    Args:
+      batch_size: ``B``; num_heads: ``H`` (divides ``d_model``);
+      capacity: ``C``, the most tokens the cache will hold; d_model: ``D``.
+      dtype: floating dtype of ``k`` and ``v`` (default float32, JAX's default).
+
+    Returns:
+      ``{"k", "v": (B, H, C, Dh), "length": int32 0-d array, 0}``.
+    """
+    rules.init_attention_cache(batch_size, num_heads, capacity, d_model)  # counts, H divides D
+    dtype = float_dtype(dtype)
+    return _empty_cache(batch_size, num_heads, capacity, d_model // num_heads, dtype)
+
+
+def self_attention_step(x, params, num_heads, cache):
+    """Multi-head self-attention of ``T`` new tokens against the cache.
+
+    ``k, v = split_heads(x @ w_k + b_k), split_heads(x @ w_v + b_v)`` are
+    written to slots ``[length, length + T)`` of a new cache; the queries
+    ``split_heads(x @ w_q + b_q)`` at positions ``length + t`` attend the
+    slots ``j <= length + t``; ``out = concat(heads) @ w_o + b_o``.
+
+    Args:
+      x: ``(B, T, D)``, the new tokens (``T >= 0``); only ``x`` is projected.
+      params: mha params (``w_q .. b_o``).
+      num_heads: ``H`` (static).
+      cache: ``{"k", "v": (B, H, C, Dh), "length"}``, not modified.
+
+    Returns:
+      ``(out (B, T, D), new_cache)`` with ``new_cache["length"] = length + T``.
+      Under ``jit`` an overflow (``length + T > C``) gives ``out`` and the new
+      cache's ``k``, ``v`` all NaN (see the module docstring); eagerly it is a
+      ValueError.
+    """
+    rules.self_attention_step(x, params, num_heads, cache)  # shapes, dtypes, overflow when concrete
+    return _self_attention_step(x, params, num_heads, cache)
+
+
+def _self_attention_step(x, params, num_heads, cache):
+    T = x.shape[1]
+    C = cache["k"].shape[2]
+    length = cache["length"]  # int32 0-d, traced under jit
+    q, k, v = _project_heads(x, x, x, params, num_heads)  # (B, H, T, Dh)
+    zero = jnp.zeros((), LENGTH_DTYPE)
+    start = (zero, zero, length.astype(LENGTH_DTYPE), zero)
+    k_all = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)  # (B, H, C, Dh)
+    v_all = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)  # (B, H, C, Dh)
+    position = length + jnp.arange(T, dtype=LENGTH_DTYPE)  # (T,) absolute positions of the queries
+    mask = jnp.arange(C, dtype=LENGTH_DTYPE)[None, :] <= position[:, None]  # (T, C), bottom-right causal
+    heads, _ = scaled_dot_product_attention(q, k_all, v_all, mask)  # (B, H, T, Dh)
+    out = _add_broadcast(_merge_heads(heads) @ params["w_o"], params["b_o"])  # (B, T, D)
+    # overflow under jit: dynamic_update_slice clamped the start and overwrote
+    # filled slots; poison everything it touched instead of returning garbage
+    bad = (length < 0) | (length + T > C)
+    new_length = (length + T).astype(LENGTH_DTYPE)
+    return _poison(out, bad), {"k": _poison(k_all, bad), "v": _poison(v_all, bad), "length": new_length}
+
+
+def _poison(x, bad):
+    """``x``, or all NaN where the traced flag ``bad`` is True (selection)."""
+    return jnp.where(bad, jnp.array(jnp.nan, x.dtype), x)
+
+
+def _empty_cache(B, H, C, Dh, dtype):
+    zeros = jnp.zeros((B, H, C, Dh), dtype)
+    return {"k": zeros, "v": zeros, "length": jnp.zeros((), LENGTH_DTYPE)}
+
+
+# --------------------------------------------------------------------------
+# decoder layer
+
+
+def init_decoder_layer_cache(memory, params, num_heads, capacity):
+    """A decoder layer's cache: cross-attention K/V projected once from
+    ``memory``, an empty self-attention cache of capacity ``C``.
+
+    Args:
+      memory: ``(B, S, D)``, the encoder output.
+      params: decoder-layer params (``cross_attn`` projects the memory).
+      num_heads: ``H`` (static); capacity: ``C`` (static).
+
+    Returns:
+      ``{"self_attn": {"k", "v": (B, H, C, Dh), "length": 0},
+      "cross_attn": {"k", "v": (B, H, S, Dh)}}``.
+
+    The source padding mask is not known here; padded memory rows are
+    projected too and left out by the step's ``memory_mask``. Keep them
+    finite: a NaN there would reach ``w_k``'s and ``w_v``'s gradients.
+    """
+    rules.init_decoder_cache(memory, params, num_heads, capacity, layer=True)
+    return _layer_cache(memory, params, num_heads, capacity)
+
+
+def _layer_cache(memory, params, num_heads, capacity):
+    B, _, D = memory.shape
+    p = params["cross_attn"]
+    k = _split_heads(_add_broadcast(memory @ p["w_k"], p["b_k"]), num_heads)  # (B, H, S, Dh)
+    v = _split_heads(_add_broadcast(memory @ p["w_v"], p["b_v"]), num_heads)  # (B, H, S, Dh)
+    return {"self_attn": _empty_cache(B, num_heads, capacity, D // num_heads, memory.dtype),
+            "cross_attn": {"k": k, "v": v}}
+
+
+def decoder_layer_step(x, cache, params, num_heads, *, memory_mask=None, norm_first=False,
+                       activation="relu", eps=1e-5):
+    """One decoder layer on ``T`` new tokens, with its cache.
+
+    :func:`decoder_layer`'s three blocks with the self-attention of
+    :func:`self_attention_step` and the cross-attention reading the cached
+    memory K/V (the memory is not projected again). No dropout.
+
+    Args:
+      x: ``(B, T, D)``.
+      cache: from :func:`init_decoder_layer_cache` or a previous step; not modified.
+      params, num_heads, norm_first, activation, eps: as :func:`decoder_layer`.
+      memory_mask: bool, broadcastable to ``(B, H, T, S)``.
+
+    Returns:
+      ``(out (B, T, D), new_cache)``; overflow under ``jit``: NaN, as
+      :func:`self_attention_step`.
+    """
+    rules.decoder_step(x, cache, params, num_heads, memory_mask, norm_first, activation, eps,
+                       layer=True)
+    return _layer_step(x, cache, params, num_heads, memory_mask, norm_first, activation, eps)
+
+
+def _layer_step(x, cache, params, num_heads, memory_mask, norm_first, activation, eps):
+    attend = _CachedAttention(cache, params, num_heads, memory_mask)
+    no_dropout = dict.fromkeys(("ffn", "residual_attn", "residual_cross", "residual_ffn"))
+    out, _, _ = _layer_body(x, params, attend, norm_first, activation, eps, 0.0, no_dropout)
+    return out, {"self_attn": attend.new_self_cache, "cross_attn": cache["cross_attn"]}
+
+
+class _CachedAttention:
+    """Both attentions of a cached step as one-argument functions; the self
+    attention leaves the new self cache in ``new_self_cache``."""
+
+    def __init__(self, cache, params, num_heads, memory_mask):
+        self.cache, self.params, self.num_heads = cache, params, num_heads
+        self.memory_mask, self.new_self_cache = memory_mask, None
+
+    def self_attn(self, z):
+        out, self.new_self_cache = _self_attention_step(
+            z, self.params["self_attn"], self.num_heads, self.cache["self_attn"])
+        return out, None  # (B, T, D)
+
+    def cross_attn(self, z):
+        p, kv = self.params["cross_attn"], self.cache["cross_attn"]
+        q = _split_heads(_add_broadcast(z @ p["w_q"], p["b_q"]), self.num_heads)  # (B, H, T, Dh)
+        heads, _ = scaled_dot_product_attention(q, kv["k"], kv["v"], self.memory_mask)  # (B, H, T, Dh)
+        return _add_broadcast(_merge_heads(heads) @ p["w_o"], p["b_o"]), None  # (B, T, D)
+
+
+# --------------------------------------------------------------------------
+# decoder stack
+
+
+def init_decoder_cache(memory, params, num_heads, capacity):
+    """The cache of a decoder stack: ``{"layers": [one layer cache per layer]}``.
+
+    Args:
+      memory: ``(B, S, D)``; params: decoder params ``{"layers", "norm"?}``;
+      num_heads: ``H``; capacity: ``C`` (static).
+    """
+    rules.init_decoder_cache(memory, params, num_heads, capacity)
+    return _decoder_cache(memory, params, num_heads, capacity)
+
+
+def decoder_step(x, cache, params, num_heads, *, memory_mask=None, norm_first=False,
+                 activation="relu", eps=1e-5):
+    """The decoder stack on ``T`` new tokens, with its cache; the final norm
+    iff ``"norm" in params``.
+
+    Args:
+      x: ``(B, T, D)`` (embedded tokens at positions ``length .. length + T - 1``).
+      cache: from :func:`init_decoder_cache` or a previous step; not modified.
+      params: decoder params; num_heads, memory_mask, norm_first,
+        activation, eps: as :func:`decoder_layer_step`.
+
+    Returns:
+      ``(out (B, T, D), new_cache)``; overflow under ``jit``: NaN, as
+      :func:`self_attention_step`.
+    """
+    rules.decoder_step(x, cache, params, num_heads, memory_mask, norm_first, activation, eps)
+    return _decoder_step(x, cache, params, num_heads, memory_mask, norm_first, activation, eps)
+
+
+def _decoder_step(x, cache, params, num_heads, memory_mask, norm_first, activation, eps):
+    layers = []
+    for layer, layer_cache in zip(params["layers"], cache["layers"]):
+        x, layer_cache = _layer_step(x, layer_cache, layer, num_heads, memory_mask, norm_first,
+                                     activation, eps)
+        layers.append(layer_cache)
+    out = layer_norm(x, params["norm"], eps) if "norm" in params else jnp.copy(x)
+    return out, {"layers": layers}
+
+
+def decoder_incremental(x, memory, params, num_heads, *, chunks, memory_mask=None,
+                        norm_first=False, activation="relu", eps=1e-5):
+    """The decoder run chunk by chunk through its cache, outputs concatenated.
+
+    ``init_decoder_cache(memory, capacity=L)``, then :func:`decoder_step` on
+    ``x[:, s:s + T]`` for each ``T`` in ``chunks``. THE LAW: equals
+    ``decoder(x, memory, params, num_heads, self_mask=causal_mask(L),
+    memory_mask=memory_mask, ...)``.
+
+    Args:
+      x: ``(B, L, D)``; memory: ``(B, S, D)``; params: decoder params.
+      chunks: ints ``>= 0`` summing to ``L`` (static), e.g. ``(0, 3, 1, 1)``.
+      memory_mask: bool broadcastable to ``(B, H, L, S)``; a query axis
+        (``shape[-2]``) of size ``L > 1`` is sliced per chunk, else broadcast.
+      num_heads, norm_first, activation, eps: as :func:`decoder`.
+
+    Returns:
+      ``(B, L, D)``.
+    """
+    chunks = rules.decoder_incremental(x, memory, params, num_heads, chunks, memory_mask,
+                                       norm_first, activation, eps)
+    L = x.shape[1]
+    cache = _decoder_cache(memory, params, num_heads, L)
+    per_row = memory_mask is not None and memory_mask.ndim >= 2 and memory_mask.shape[-2] == L > 1
+    outs, start = [], 0
+    for T in chunks:
+        mask = memory_mask[..., start:start + T, :] if per_row else memory_mask
+        out, cache = _decoder_step(x[:, start:start + T], cache, params, num_heads, mask,
+                                   norm_first, activation, eps)
+        outs.append(out)
+        start += T
+    return jnp.concatenate(outs, axis=1) if outs else jnp.copy(x)  # (B, L, D)
+
+
+def _decoder_cache(memory, params, num_heads, capacity):
+    return {"layers": [_layer_cache(memory, layer, num_heads, capacity)
+                       for layer in params["layers"]]}
