@@ -9,12 +9,20 @@ computes the same thing and the fused kernels are allowed to run):
 - ``mha``: multi-head self-attention on ``x (B, L, D)``, ``query = key =
   value = x``.
 - ``encoder_layer``: the paper's post-norm layer, relu, on ``x (B, L, D)``.
+- ``decoder_layer``: the paper's post-norm decoder layer, relu, on
+  ``x (B, L, D)`` with a causal self-attention mask and a ``memory (B, L, D)``
+  (source length = target length), no memory mask.
+- ``decode``: one decoding step of a small decoder stack (the ``decode``
+  presets): with the KV cache (``decoder_step`` on ``T = 1`` new token,
+  cache filled to ``n``) or without (a full causal decoder pass over the
+  ``n + 1`` positions, keeping the last).
 
 Modes: ``forward`` (output only, no autograd recording) and
 ``forward+backward`` (the gradient of ``sum(out * d_out)`` with respect to the
 inputs and every parameter, from the inputs alone: numpy_ref's
 ``f_backward`` recomputes its forward, torch runs forward then
 ``autograd.grad``, JAX runs ``jax.vjp`` inside one jitted function).
+``decode`` is inference: forward only.
 """
 from __future__ import annotations
 
@@ -24,13 +32,20 @@ import numpy as np
 
 from . import runners
 
-OPS = ("sdpa", "mha", "encoder_layer")
+OPS = ("sdpa", "mha", "encoder_layer", "decoder_layer")
 OP_TITLES = {
     "sdpa": "scaled dot-product attention",
     "mha": "multi-head self-attention",
     "encoder_layer": "encoder layer (post-norm, relu)",
+    "decoder_layer": "decoder layer (post-norm, relu, causal self-attention, memory length = L)",
+    "decode": "one decode step: KV cache vs recomputing the prefix",
 }
 MODES = ("forward", "forward+backward")
+
+
+def op_modes(op):
+    """The modes an operation is timed in: decoding is inference only."""
+    return ("forward",) if op == "decode" else MODES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +78,75 @@ PRESETS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeShape:
+    """A small decoder stack for the ``decode`` presets: batch ``B``, source
+    (memory) length ``S``, width ``D``, heads ``H``, FFN width ``F``,
+    ``layers`` decoder layers (with a final norm), timed at each cache length
+    in ``lengths`` (tokens already decoded)."""
+
+    B: int
+    S: int
+    D: int
+    H: int
+    F: int
+    layers: int
+    lengths: tuple
+
+    def label(self) -> str:
+        return (f"B={self.B} S={self.S} D={self.D} H={self.H} F={self.F} "
+                f"layers={self.layers}")
+
+    def at(self, n: int) -> "DecodePoint":
+        return DecodePoint(B=self.B, L=n, D=self.D, H=self.H, F=self.F, S=self.S,
+                           layers=self.layers)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePoint:
+    """One decode case: the stack of a :class:`DecodeShape` with ``L`` tokens
+    already in the cache; the step decodes token ``L`` (position ``L``)."""
+
+    B: int
+    L: int
+    D: int
+    H: int
+    F: int
+    S: int
+    layers: int
+
+    @property
+    def Dh(self) -> int:
+        return self.D // self.H
+
+    def label(self) -> str:
+        return (f"cache length {self.L} · B={self.B} S={self.S} D={self.D} H={self.H} "
+                f"F={self.F} layers={self.layers}")
+
+
+DECODE_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
+DECODE_PRESETS = {
+    # every dimension a different size, two lengths: the CI smoke test
+    "decode-quick": DecodeShape(B=2, S=5, D=24, H=2, F=40, layers=2, lengths=(3, 8)),
+    # a small model, so that the whole preset runs in about a minute on
+    # 2 CPU cores while the recompute at 4096 is still visibly O(L²)
+    "decode": DecodeShape(B=1, S=32, D=64, H=2, F=128, layers=2, lengths=DECODE_LENGTHS),
+}
+
+
+def shape_from_record(shape: dict):
+    """The :class:`Shape` or :class:`DecodePoint` a JSON record's ``shape`` came from."""
+    return DecodePoint(**shape) if "layers" in shape else Shape(**shape)
+
+
+def parse_lengths(text: str) -> tuple:
+    """``"128,256,512"`` -> ``(128, 256, 512)``: cache lengths for the decode presets."""
+    parts = text.replace(" ", "").split(",")
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"lengths: expected positive integers separated by commas, got {text!r}")
+    return tuple(sorted(set(map(int, parts))))
+
+
 def parse_shape(text: str) -> Shape:
     """``"B,L,D,H,F"`` -> :class:`Shape`; ``D`` must be a multiple of ``H``."""
     parts = text.replace(" ", "").split(",")
@@ -74,14 +158,19 @@ def parse_shape(text: str) -> Shape:
     return shape
 
 
-def flops(op: str, shape: Shape, mode: str) -> int:
+def flops(op: str, shape, mode: str, impl: str = "") -> int:
     """Matmul FLOPs of one call, counted analytically.
 
     attention ``4 B H L² Dh`` (``q kᵀ`` and ``p v``), each of the four
     projections ``2 B L D²``, FFN ``2 · 2 B L D F``; softmax, layer norm and
-    bias adds are left out. Backward ≈ 2 × forward, so forward+backward is
-    3 × forward.
+    bias adds are left out. The decoder layer has two attentions (self and
+    cross, memory length ``S = L``: the causal mask's skipped half is
+    counted, as most implementations compute it) and eight projections.
+    Backward ≈ 2 × forward, so forward+backward is 3 × forward. ``decode``
+    counts by :func:`decode_flops` (``impl`` says cached or recompute).
     """
+    if op == "decode":
+        return decode_flops(shape, cached=impl.endswith("[cached]"))
     B, L, D, F = shape.B, shape.L, shape.D, shape.F
     attention = 4 * B * shape.H * L * L * shape.Dh
     projections = 4 * 2 * B * L * D * D
@@ -90,8 +179,33 @@ def flops(op: str, shape: Shape, mode: str) -> int:
         "sdpa": attention,
         "mha": attention + projections,
         "encoder_layer": attention + projections + ffn,
+        "decoder_layer": 2 * (attention + projections) + ffn,
     }[op]
     return forward if mode == "forward" else 3 * forward
+
+
+def decode_flops(point: DecodePoint, cached: bool) -> int:
+    """Matmul FLOPs of one decode step at cache length ``n = point.L``, per layer
+    times ``layers``.
+
+    cached: the new token only: self-attention projections ``4 · 2 B D²``,
+    attention over ``n + 1`` keys ``4 B H (n + 1) Dh``, the cross-attention's
+    query and output projections ``2 · 2 B D²`` (its keys and values were
+    projected from the memory once, into the cache), attention over ``S``
+    keys ``4 B H S Dh``, FFN ``2 · 2 B D F``. recompute: all ``L = n + 1``
+    positions, the memory's keys and values projected again (``2 · 2 B S D²``)
+    and the causal self-attention counted in full ``4 B H L² Dh``.
+    """
+    B, D, H, Dh, F, S = point.B, point.D, point.H, point.Dh, point.F, point.S
+    rows = 1 if cached else point.L + 1  # positions computed
+    keys = point.L + 1  # self-attention keys of the last (or every) query
+    per_layer = (4 * 2 * B * rows * D * D  # self-attention q, k, v, o
+                 + 4 * B * H * rows * keys * Dh  # q kᵀ, p v
+                 + 2 * 2 * B * rows * D * D  # cross-attention q, o
+                 + (0 if cached else 2 * 2 * B * S * D * D)  # cross k, v from the memory
+                 + 4 * B * H * rows * S * Dh  # cross q kᵀ, p v
+                 + 2 * 2 * B * rows * D * F)  # FFN
+    return point.layers * per_layer
 
 
 def make_inputs(op: str, shape: Shape, seed: int = 0) -> dict:
@@ -109,9 +223,27 @@ def make_inputs(op: str, shape: Shape, seed: int = 0) -> dict:
                 "v": normal(B, H, L, Dh), "d_out": normal(B, H, L, Dh)}
     if op == "mha":
         params = numpy_ref.init_multi_head_attention(rng, D, dtype=np.float32)
+    elif op == "decoder_layer":
+        params = numpy_ref.init_decoder_layer(rng, D, shape.F, dtype=np.float32)
+        return {"x": normal(B, L, D), "memory": normal(B, L, D), "d_out": normal(B, L, D),
+                "params": params}
     else:
         params = numpy_ref.init_encoder_layer(rng, D, shape.F, dtype=np.float32)
     return {"x": normal(B, L, D), "d_out": normal(B, L, D), "params": params}
+
+
+def make_decode_inputs(point: DecodePoint, seed: int = 0) -> dict:
+    """float32 numpy decoder params (with a final norm), ``memory (B, S, D)`` and
+    the decoder's inputs ``x (B, n + 1, D)`` (already embedded): the prefix
+    ``x[:, :n]`` fills the cache, ``x[:, n:]`` is the token the step decodes."""
+    import numpy_ref
+
+    rng = np.random.default_rng(seed)
+    params = numpy_ref.init_decoder(rng, point.layers, point.D, point.F, final_norm=True,
+                                    dtype=np.float32)
+    memory = rng.standard_normal((point.B, point.S, point.D), dtype=np.float32)
+    x = rng.standard_normal((point.B, point.L + 1, point.D), dtype=np.float32)
+    return {"params": params, "memory": memory, "x": x}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,8 +269,11 @@ JAX_DPA = "jax.nn.dot_product_attention[xla]"
 NN_MHA_W = "nn.MultiheadAttention[need_weights=True]"
 NN_MHA = "nn.MultiheadAttention[need_weights=False]"
 NN_TEL = "nn.TransformerEncoderLayer"
+NN_TDL = "nn.TransformerDecoderLayer"
+NN_TD = "nn.TransformerDecoder[recompute]"
 JNP_REF = "jnp reference"
 INFORMATIVE = "informative only: numpy vs the torch built-in"
+RECOMPUTE = "recompute / cached: what the KV cache saves per token"
 
 IMPLS = {
     "sdpa": (
@@ -169,5 +304,28 @@ IMPLS = {
              "JAX has no encoder-layer built-in: vs a plain jnp layer around jax.nn.dot_product_attention"),
         Impl(NN_TEL, "torch", "builtin", runners.torch_encoder_layer),
         Impl(JNP_REF, "jax", "reference", runners.jnp_reference),
+    ),
+    "decoder_layer": (
+        Impl("numpy_ref", "numpy", "mirror", runners.numpy_ref, NN_TDL, INFORMATIVE),
+        Impl("torch_impl[math]", "torch", "mirror", runners.torch_impl("math"), NN_TDL,
+             "the math path materialises both attentions' weights; the built-in never does"),
+        Impl("torch_impl[fused]", "torch", "mirror", runners.torch_impl("fused"), NN_TDL,
+             "the mirror passes the causal mask as a bool mask; the built-in gets tgt_is_causal=True"),
+        Impl("jax_impl", "jax", "mirror", runners.jax_impl, NN_TDL,
+             "cross-framework: JAX has no decoder-layer built-in"),
+        Impl(NN_TDL, "torch", "builtin", runners.torch_decoder_layer),
+    ),
+    "decode": (
+        Impl("numpy_ref[cached]", "numpy", "mirror", runners.numpy_decode(cached=True)),
+        Impl("numpy_ref[recompute]", "numpy", "mirror", runners.numpy_decode(cached=False),
+             "numpy_ref[cached]", RECOMPUTE),
+        Impl("torch_impl[cached]", "torch", "mirror", runners.torch_decode(cached=True)),
+        Impl("torch_impl[recompute]", "torch", "mirror", runners.torch_decode(cached=False),
+             "torch_impl[cached]", RECOMPUTE + " (recompute on the fused path, need_weights=False)"),
+        Impl("jax_impl[cached]", "jax", "mirror", runners.jax_decode(cached=True)),
+        Impl("jax_impl[recompute]", "jax", "mirror", runners.jax_decode(cached=False),
+             "jax_impl[cached]", RECOMPUTE + " (both jitted)"),
+        Impl(NN_TD, "torch", "builtin", runners.torch_decoder_stack, "torch_impl[cached]",
+             "the built-in has no cache: its full pass / torch_impl's cached step"),
     ),
 }

@@ -6,6 +6,7 @@ machine drift hits all of them alike), and write the table, JSON and plot.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -15,13 +16,14 @@ import statistics
 import sys
 import time
 
-from .cases import IMPLS, MODES, OPS, PRESETS, flops, make_inputs, parse_shape
+from .cases import (DECODE_PRESETS, IMPLS, OPS, PRESETS, DecodeShape, flops, make_decode_inputs,
+                    make_inputs, op_modes, parse_lengths, parse_shape)
 from .machine import header as machine_header, loadavg, measure_matmul_peak
-from .report import fmt_time, format_report, plot
+from .report import fmt_time, format_report, plot, plot_decode
 from .runners import Problem, Skip, time_calls
 
 SCHEMA = 1
-DEFAULT_PRESETS = ("tutorial", "base", "long")
+DEFAULT_PRESETS = ("tutorial", "base", "long", "decode")
 QUICK = {"repeats": 3, "warmup": 1, "min_time": 0.002, "matmul_size": 256}
 
 
@@ -29,13 +31,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m conformance bench",
         description="Time numpy_ref, torch_impl and jax_impl against the built-ins.")
-    p.add_argument("--preset", action="append", choices=sorted(PRESETS),
-                   help=f"shape preset, repeatable (default: {' '.join(DEFAULT_PRESETS)})")
+    p.add_argument("--preset", action="append", choices=sorted([*PRESETS, *DECODE_PRESETS]),
+                   help=f"shape preset, repeatable (default: {' '.join(DEFAULT_PRESETS)}; "
+                        "decode presets time one decoding step, cached vs recomputed)")
     p.add_argument("--shape", action="append", type=_shape_arg, metavar="B,L,D,H,F",
                    help="your own shape, repeatable (replaces the default presets)")
     p.add_argument("--quick", action="store_true",
-                   help="the tiny 'quick' preset with few repeats: a smoke test, not a measurement")
-    p.add_argument("--op", action="append", choices=OPS, help="operation, repeatable (default: all)")
+                   help="the tiny 'quick' and 'decode-quick' presets with few repeats: "
+                        "a smoke test, not a measurement")
+    p.add_argument("--op", action="append", choices=OPS,
+                   help="operation, repeatable (default: all; given alone, the default "
+                        "presets leave out decode)")
+    p.add_argument("--decode-lengths", type=_lengths_arg, metavar="N,N,...",
+                   help="cache lengths for the decode presets (default: "
+                        f"{','.join(map(str, DECODE_PRESETS['decode'].lengths))})")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--device", choices=("auto", "cpu", "cuda", "gpu"), default="auto",
                    help="torch device; cpu also pins JAX to the CPU, otherwise JAX takes "
@@ -55,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default="bench-results/bench.png", metavar="PATH",
                    help="PNG path; 'none' to skip")
     return p
+
+
+def _lengths_arg(text):
+    try:
+        return parse_lengths(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _shape_arg(text):
@@ -97,16 +113,32 @@ def main(argv=None) -> int:
     path.write_text(json.dumps(report, indent=1) + "\n")
     _progress(f"wrote {path}")
     if args.plot != "none":
-        _progress(plot(report, args.plot))
+        if any(r["op"] != "decode" for r in records):
+            _progress(plot(report, args.plot))
+        if any(r["op"] == "decode" for r in records):
+            _progress(plot_decode(report, decode_plot_path(args.plot)))
     return 0
 
 
+def decode_plot_path(path):
+    """The decode plot sits beside the main one: ``bench.png`` -> ``bench_decode.png``."""
+    path = pathlib.Path(path)
+    return path.with_name(f"{path.stem}_decode{path.suffix or '.png'}")
+
+
 def _presets(args):
-    named = [(n, PRESETS[n]) for n in (args.preset or [])]
+    every = {**PRESETS, **DECODE_PRESETS}
+    named = [(n, every[n]) for n in (args.preset or [])]
     custom = [(f"custom {s.B},{s.L},{s.D},{s.H},{s.F}", s) for s in (args.shape or [])]
     if args.quick:
-        named = [("quick", PRESETS["quick"])] + [p for p in named if p[0] != "quick"]
-    return named + custom or [(n, PRESETS[n]) for n in DEFAULT_PRESETS]
+        quick = [("quick", PRESETS["quick"]), ("decode-quick", DECODE_PRESETS["decode-quick"])]
+        named = quick + [p for p in named if p[0] not in ("quick", "decode-quick")]
+    presets = named + custom or [(n, every[n]) for n in DEFAULT_PRESETS
+                                 if not (args.op and n in DECODE_PRESETS)]
+    if args.decode_lengths:
+        presets = [(n, dataclasses.replace(s, lengths=args.decode_lengths))
+                   if isinstance(s, DecodeShape) else (n, s) for n, s in presets]
+    return presets
 
 
 def _numpy_backward_skip(preset, full):
@@ -150,17 +182,23 @@ def _set_matmul_precision(precision):
 
 
 def run_all(presets, ops, args, torch_device, jax_device, peak_gflops):
-    records, index, count = [], 0, len(presets) * len(ops) * len(MODES)
+    cases = []
     for preset, shape in presets:
-        for op in ops:
-            inputs = make_inputs(op, shape, args.seed)
-            for mode in MODES:
-                index += 1
-                _progress(f"[{index}/{count}] {preset} {shape.label()} · {op} · {mode}")
-                problem = Problem(
-                    op, shape, args.dtype, inputs, torch_device, jax_device,
-                    args.matmul_precision, _numpy_backward_skip(preset, args.full_numpy))
-                records += run_case(preset, problem, mode, args, peak_gflops)
+        if isinstance(shape, DecodeShape):  # one case per cache length
+            cases += [(preset, shape.at(n), "decode", "forward") for n in shape.lengths]
+        else:
+            cases += [(preset, shape, op, mode) for op in ops for mode in op_modes(op)]
+    records, inputs_of = [], {}
+    for index, (preset, shape, op, mode) in enumerate(cases, 1):
+        _progress(f"[{index}/{len(cases)}] {preset} {shape.label()} · {op} · {mode}")
+        if (shape, op) not in inputs_of:
+            inputs_of.clear()  # one case's inputs alive at a time
+            inputs_of[shape, op] = (make_decode_inputs(shape, args.seed) if op == "decode"
+                                    else make_inputs(op, shape, args.seed))
+        problem = Problem(
+            op, shape, args.dtype, inputs_of[shape, op], torch_device, jax_device,
+            args.matmul_precision, _numpy_backward_skip(preset, args.full_numpy))
+        records += run_case(preset, problem, mode, args, peak_gflops)
     return records
 
 
@@ -218,13 +256,13 @@ def run_case(preset, problem, mode, args, peak_gflops):
 def _record(preset, problem, mode, impl):
     s = problem.shape
     return {
-        "preset": preset, "shape": {"B": s.B, "L": s.L, "D": s.D, "H": s.H, "F": s.F},
+        "preset": preset, "shape": dataclasses.asdict(s),
         "op": problem.op, "mode": mode, "dtype": problem.dtype,
         "impl": impl.name, "framework": impl.framework, "kind": impl.kind,
         "device": _device_class(impl.framework, problem),
         "status": "ok", "reason": None, "number": None, "times_s": [],
         "median_s": None, "min_s": None, "max_s": None, "compile_s": None,
-        "flops": flops(problem.op, s, mode), "gflops": None, "fraction_of_peak": None,
+        "flops": flops(problem.op, s, mode, impl.name), "gflops": None, "fraction_of_peak": None,
         "memory_bytes": None, "memory_method": None,
         "baseline": impl.baseline, "ratio_to_baseline": None, "ratio_note": impl.note,
     }

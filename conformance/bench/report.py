@@ -33,6 +33,9 @@ def format_report(report) -> str:
     results = report["results"]
     for preset in dict.fromkeys(r["preset"] for r in results):
         rows = [r for r in results if r["preset"] == preset]
+        if rows[0]["op"] == "decode":
+            lines += _decode_lines(preset, rows)
+            continue
         shape = " ".join(f"{k}={v}" for k, v in rows[0]["shape"].items())
         lines += ["", f"== {preset} · {shape} · {rows[0]['dtype']} =="]
         for op in dict.fromkeys(r["op"] for r in rows):
@@ -45,6 +48,46 @@ def format_report(report) -> str:
                 note = f"  ({impl.note})" if impl.note else ""
                 lines.append(f"  {op}: {impl.name} / {impl.baseline}{note}")
     return "\n".join(lines)
+
+
+def decode_table(rows):
+    """The decode summary: one row per implementation (its median per step at
+    each cache length), then one row per ratio (recompute / cached, same run).
+
+    Returns ``(columns, [[cell, ...], ...])``, cells as strings."""
+    lengths = list(dict.fromkeys(r["shape"]["L"] for r in rows))
+    at = {(r["impl"], r["shape"]["L"]): r for r in rows}
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    table = []
+    for name in impls:
+        table.append([name] + [fmt_time(at[name, n]["median_s"]) if at[name, n]["status"] == "ok"
+                               else at[name, n]["status"] for n in lengths])
+    for name in (n for n in impls if _baseline_of(rows, n)):
+        table.append([f"{name} / {_baseline_of(rows, name)}"] + [
+            "-" if at[name, n]["ratio_to_baseline"] is None
+            else f"{at[name, n]['ratio_to_baseline']:.3g}x" for n in lengths])
+    return ["cache length L", *map(str, lengths)], table
+
+
+def _baseline_of(rows, name):
+    return next(r["baseline"] for r in rows if r["impl"] == name)
+
+
+def _decode_lines(preset, rows):
+    shape = rows[0]["shape"]
+    model = " ".join(f"{k}={v}" for k, v in shape.items() if k != "L")
+    lines = ["", f"== {preset} · {model} · {rows[0]['dtype']} · one decoding step "
+                 "(T = 1) at each cache length L =="]
+    columns, table = decode_table(rows)
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(columns)]
+    lines += ["", "median per step; below, the ratios recompute / cached (same run):"]
+    for cells in [columns, *table]:
+        lines.append("  ".join([f"{cells[0]:<{widths[0]}}",
+                                *(f"{c:>{w}}" for c, w in zip(cells[1:], widths[1:]))]).rstrip())
+    for n in dict.fromkeys(r["shape"]["L"] for r in rows):
+        lines += ["", f"-- {OP_TITLES['decode']}, cache length {n} --", _row(COLUMNS)]
+        lines += [_result_row(r) for r in rows if r["shape"]["L"] == n]
+    return lines
 
 
 def _header_lines(report):
@@ -98,11 +141,12 @@ def plot(report, path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install 'attention-spec[bench]'): no plot"
-    results = [r for r in report["results"] if r["status"] == "ok"]
-    presets = list(dict.fromkeys(r["preset"] for r in report["results"]))
-    ops = list(dict.fromkeys(r["op"] for r in report["results"]))
-    modes = list(dict.fromkeys(r["mode"] for r in report["results"]))
-    impls = list(dict.fromkeys(r["impl"] for r in report["results"]))
+    every = [r for r in report["results"] if r["op"] != "decode"]  # decode: plot_decode
+    results = [r for r in every if r["status"] == "ok"]
+    presets = list(dict.fromkeys(r["preset"] for r in every))
+    ops = list(dict.fromkeys(r["op"] for r in every))
+    modes = list(dict.fromkeys(r["mode"] for r in every))
+    impls = list(dict.fromkeys(r["impl"] for r in every))
     colors = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(impls)}
     fig, axes = plt.subplots(len(modes), len(ops), figsize=(5.5 * len(ops), 3.8 * len(modes)),
                              squeeze=False)
@@ -130,6 +174,71 @@ def plot(report, path) -> str:
     fig.suptitle(f"{h['dtype']}, torch on {h['torch_device']}, jax on {h['jax_device']} "
                  f"({h['cpu']}, {h['cpu_count']} CPUs)", fontsize=10)
     fig.tight_layout(rect=(0, 0.04 + 0.025 * ((len(handles) + 2) // 3), 1, 0.96))
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def plot_decode(report, path) -> str:
+    """The decode presets: median latency per step against the cache length,
+    log-log, cached (solid) and recompute (dashed) per framework, with O(L)
+    and O(L²) guide lines; a second panel with the ratios recompute / cached.
+    Returns a line for the progress log."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'attention-spec[bench]'): no plot"
+    rows = [r for r in report["results"] if r["op"] == "decode"]
+    ok = [r for r in rows if r["status"] == "ok"]
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    families = list(dict.fromkeys(name.split("[")[0] for name in impls))
+    colors = {f: plt.get_cmap("tab10")(i % 10) for i, f in enumerate(families)}
+    fig, (ax, ax_ratio) = plt.subplots(1, 2, figsize=(12, 4.8),
+                                       gridspec_kw={"width_ratios": (3, 2)})
+    for name in impls:
+        points = sorted((r["shape"]["L"], r["median_s"]) for r in ok if r["impl"] == name)
+        if not points:
+            continue
+        xs, ys = zip(*points)
+        cached = name.endswith("[cached]")
+        ax.plot(xs, ys, "-o" if cached else "--s", color=colors[name.split("[")[0]],
+                label=name, markersize=4)
+        ratios = sorted((r["shape"]["L"], r["ratio_to_baseline"]) for r in ok
+                        if r["impl"] == name and r["ratio_to_baseline"] is not None)
+        if ratios:
+            ax_ratio.plot(*zip(*ratios), "--s", color=colors[name.split("[")[0]],
+                          label=f"{name} / {_baseline_of(rows, name)}", markersize=4)
+    lengths = sorted({r["shape"]["L"] for r in ok})
+    if len(lengths) > 1:  # guide slopes through the geometric middle of the data
+        import math
+
+        mid = math.exp(sum(math.log(r["median_s"]) for r in ok) / len(ok))
+        x0 = math.sqrt(lengths[0] * lengths[-1])
+        for power, label in ((1, "O(L)"), (2, "O(L²)")):
+            ax.plot(lengths, [mid * (n / x0) ** power for n in lengths], ":", color="gray",
+                    linewidth=1)
+            ax.annotate(label, (lengths[-1], mid * (lengths[-1] / x0) ** power), fontsize=8,
+                        color="gray", textcoords="offset points", xytext=(4, 0))
+    for a in (ax, ax_ratio):
+        a.set_xscale("log", base=2)
+        a.set_yscale("log")
+        a.set_xlabel("cache length L (tokens already decoded)")
+        a.grid(which="both", alpha=0.3)
+        a.legend(fontsize=7)
+    ax.set_ylabel("median time per decoded token (s)")
+    ax.set_title("one decoding step: KV cache (solid) vs recompute (dashed)", fontsize=10)
+    ax_ratio.set_ylabel("recompute / cached")
+    ax_ratio.set_title("what the cache saves, same run", fontsize=10)
+    h, shape = report["header"], rows[0]["shape"] if rows else {}
+    model = " ".join(f"{k}={v}" for k, v in shape.items() if k != "L")
+    fig.suptitle(f"{model}, {h['dtype']}, torch on {h['torch_device']}, jax on "
+                 f"{h['jax_device']} ({h['cpu']}, {h['cpu_count']} CPUs)", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

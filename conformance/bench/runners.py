@@ -77,6 +77,7 @@ FORWARD_NAMES = {
     "sdpa": "scaled_dot_product_attention",
     "mha": "multi_head_attention",
     "encoder_layer": "encoder_layer",
+    "decoder_layer": "decoder_layer",
 }
 
 
@@ -93,9 +94,12 @@ def numpy_ref(problem: Problem, mode: str) -> Runner:
     name = FORWARD_NAMES[problem.op]
     fn = _function(_module("numpy_ref"), name if mode == "forward" else name + "_backward")
     args = _numpy_args(problem)
+    kwargs = {}
+    if problem.op == "decoder_layer":
+        kwargs["self_mask"] = _module("numpy_ref").causal_mask(problem.shape.L)
     if mode != "forward":
         args = (problem.inputs["d_out"], *args)
-    call = lambda: fn(*args)  # noqa: E731
+    call = lambda: fn(*args, **kwargs)  # noqa: E731
     return Runner(call, lambda: _tracemalloc_peak(call))
 
 
@@ -105,6 +109,8 @@ def _numpy_args(problem):
         return tuple(problem.inputs[n] for n in "qkv")
     if problem.op == "mha":
         return (x, x, x, problem.inputs["params"], H)
+    if problem.op == "decoder_layer":
+        return (x, problem.inputs["memory"], problem.inputs["params"], H)
     return (x, problem.inputs["params"], H)
 
 
@@ -133,7 +139,8 @@ def torch_impl(path):
 
     def prepare(problem: Problem, mode: str) -> Runner:
         torch = _module("torch")
-        fn = _function(_module("torch_impl"), FORWARD_NAMES[problem.op])
+        torch_impl_module = _module("torch_impl")
+        fn = _function(torch_impl_module, FORWARD_NAMES[problem.op])
         grad = mode != "forward"
         tensors = _torch_tree(torch, problem, {k: v for k, v in problem.inputs.items()
                                                if k != "d_out"}, grad)
@@ -145,6 +152,10 @@ def torch_impl(path):
         elif problem.op == "mha":
             x, params = tensors["x"], tensors["params"]
             forward = lambda: fn(x, x, x, params, H, **kwargs)[0]  # noqa: E731
+        elif problem.op == "decoder_layer":
+            x, memory, params = tensors["x"], tensors["memory"], tensors["params"]
+            mask = torch_impl_module.causal_mask(problem.shape.L, device=problem.torch_device)
+            forward = lambda: fn(x, memory, params, H, self_mask=mask, **kwargs)  # noqa: E731
         else:
             x, params = tensors["x"], tensors["params"]
             forward = lambda: fn(x, params, H, **kwargs)  # noqa: E731
@@ -190,6 +201,34 @@ def torch_encoder_layer(problem: Problem, mode: str) -> Runner:
     _load_torch_state(torch, module, "encoder_layer_params_to_torch", problem.inputs["params"])
     x = _torch_tree(torch, problem, {"x": problem.inputs["x"]}, mode != "forward")["x"]
     return _torch_runner(torch, problem, lambda: module(x), [x, *module.parameters()], mode)
+
+
+def torch_decoder_layer(problem: Problem, mode: str) -> Runner:
+    """``nn.TransformerDecoderLayer`` with our weights and the causal mask as a
+    PyTorch user passes it: ``tgt_mask`` (``True`` = ignore) with the hint
+    ``tgt_is_causal=True``, which lets it call the causal SDPA kernel."""
+    torch = _module("torch")
+    s = problem.shape
+    module = torch.nn.TransformerDecoderLayer(
+        s.D, s.H, dim_feedforward=s.F, dropout=0.0, activation="relu",
+        layer_norm_eps=1e-5, batch_first=True, norm_first=False,
+        device=problem.torch_device, dtype=_torch_dtype(torch, problem.dtype)).eval()
+    _load_torch_state(torch, module, "decoder_layer_params_to_torch", problem.inputs["params"])
+    tensors = _torch_tree(torch, problem, {n: problem.inputs[n] for n in ("x", "memory")},
+                          mode != "forward")
+    x, memory = tensors["x"], tensors["memory"]
+    tgt_mask = _torch_causal_ignore(torch, s.L, problem.torch_device)
+
+    def forward():
+        return module(x, memory, tgt_mask=tgt_mask, tgt_is_causal=True)
+
+    return _torch_runner(torch, problem, forward, [x, memory, *module.parameters()], mode)
+
+
+def _torch_causal_ignore(torch, L, device):
+    """The causal mask in PyTorch's polarity (``True`` = ignore), via our interop."""
+    interop = _module("torch_impl.interop")
+    return interop.mask_to_torch(_module("torch_impl").causal_mask(L, device=device))
 
 
 def _torch_runner(torch, problem, forward, leaves, mode):
@@ -296,6 +335,12 @@ def jax_impl(problem: Problem, mode: str) -> Runner:
     elif problem.op == "mha":
         names = ("x", "params")
         forward = lambda x, params: fn(x, x, x, params, H)[0]  # noqa: E731
+    elif problem.op == "decoder_layer":
+        names = ("x", "memory", "params")
+        causal_mask = _function(_module("jax_impl"), "causal_mask")
+
+        def forward(x, memory, params):
+            return fn(x, memory, params, H, self_mask=causal_mask(x.shape[1]))
     else:
         names = ("x", "params")
         forward = lambda x, params: fn(x, params, H)  # noqa: E731
@@ -375,3 +420,134 @@ def _jax_runner(problem, forward, inputs, mode, d_out=None):
         return stats.temp_size_in_bytes + stats.output_size_in_bytes, "xla memory_analysis"
 
     return Runner(lambda: jax.block_until_ready(compiled(*args)), memory, compile_s)
+
+
+# --------------------------------------------------------------------------
+# decode: one step with the KV cache, or the full causal pass (all three)
+# --------------------------------------------------------------------------
+#
+# The inputs (cases.make_decode_inputs): decoder params, memory (B, S, D) and
+# x (B, n + 1, D). cached: init_decoder_cache(memory, capacity n + 1), one
+# untimed prefill step on x[:, :n], then the timed call is decoder_step on
+# x[:, n:] (T = 1) against that cache (pure: the same filled cache every
+# call). recompute: the timed call is decoder(x, memory, self_mask =
+# causal_mask(n + 1)), keeping the last position.
+
+
+def _decode_inputs(problem, mode):
+    if mode != "forward":
+        raise Skip("decoding is inference: forward only")
+    point = problem.shape
+    return point, point.L, point.H
+
+
+def numpy_decode(cached):
+    def prepare(problem: Problem, mode: str) -> Runner:
+        point, n, H = _decode_inputs(problem, mode)
+        if problem.dtype != "float32":
+            raise Skip(f"numpy has no {problem.dtype}")
+        np_ref = _module("numpy_ref")
+        params, memory, x = (problem.inputs[k] for k in ("params", "memory", "x"))
+        if cached:
+            cache = np_ref.init_decoder_cache(memory, params, H, n + 1)
+            _, cache = np_ref.decoder_step(x[:, :n], cache, params, H)  # prefill, untimed
+            step = x[:, n:]  # (B, 1, D)
+            call = lambda: np_ref.decoder_step(step, cache, params, H)  # noqa: E731
+        else:
+            mask = np_ref.causal_mask(n + 1)
+            call = lambda: np_ref.decoder(x, memory, params, H, self_mask=mask)[:, -1]  # noqa: E731
+        return Runner(call, lambda: _tracemalloc_peak(call))
+
+    return prepare
+
+
+def torch_decode(cached):
+    """torch_impl under ``no_grad``; the recompute takes the fused path
+    (``need_weights=False``), the faster of the two for a full pass."""
+
+    def prepare(problem: Problem, mode: str) -> Runner:
+        point, n, H = _decode_inputs(problem, mode)
+        torch = _module("torch")
+        ti = _module("torch_impl")
+        t = _torch_tree(torch, problem, problem.inputs, False)
+        params, memory, x = t["params"], t["memory"], t["x"]
+        with torch.no_grad():
+            if cached:
+                cache = ti.init_decoder_cache(memory, params, H, n + 1)
+                _, cache = ti.decoder_step(x[:, :n], cache, params, H)  # prefill, untimed
+                step = x[:, n:]  # (B, 1, D)
+                forward = lambda: ti.decoder_step(step, cache, params, H)  # noqa: E731
+            else:
+                mask = ti.causal_mask(n + 1, device=problem.torch_device)
+                forward = lambda: ti.decoder(  # noqa: E731
+                    x, memory, params, H, self_mask=mask, need_weights=False)[:, -1]
+        return _torch_runner(torch, problem, forward, [], "forward")
+
+    return prepare
+
+
+def torch_decoder_stack(problem: Problem, mode: str) -> Runner:
+    """``nn.TransformerDecoder`` (with a final ``LayerNorm``) with our weights:
+    it has no cache, so a decoding step is the full pass with ``tgt_mask``
+    and ``tgt_is_causal=True``, keeping the last position."""
+    point, n, H = _decode_inputs(problem, mode)
+    torch = _module("torch")
+    dtype = _torch_dtype(torch, problem.dtype)
+    layer = torch.nn.TransformerDecoderLayer(
+        point.D, H, dim_feedforward=point.F, dropout=0.0, activation="relu",
+        layer_norm_eps=1e-5, batch_first=True, norm_first=False,
+        device=problem.torch_device, dtype=dtype)
+    norm = torch.nn.LayerNorm(point.D, eps=1e-5, device=problem.torch_device, dtype=dtype)
+    module = torch.nn.TransformerDecoder(layer, point.layers, norm=norm).eval()
+    _load_torch_state(torch, module, "decoder_params_to_torch", problem.inputs["params"])
+    t = _torch_tree(torch, problem, {k: problem.inputs[k] for k in ("memory", "x")}, False)
+    memory, x = t["memory"], t["x"]
+    tgt_mask = _torch_causal_ignore(torch, n + 1, problem.torch_device)
+
+    def forward():
+        return module(x, memory, tgt_mask=tgt_mask, tgt_is_causal=True)[:, -1]
+
+    return _torch_runner(torch, problem, forward, [], "forward")
+
+
+def jax_decode(cached):
+    """jax_impl, jitted (compiled ahead of time, compile excluded); the
+    cached step's cache is an argument, so one compiled step serves every
+    call."""
+
+    def prepare(problem: Problem, mode: str) -> Runner:
+        point, n, H = _decode_inputs(problem, mode)
+        jax = _module("jax")
+        ji = _module("jax_impl")
+        import jax.numpy as jnp
+
+        dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[problem.dtype]
+        device = problem.jax_device or jax.devices()[0]
+        put = lambda a: jax.device_put(np.asarray(a).astype(dtype), device)  # noqa: E731
+        params = _map(problem.inputs["params"], put)
+        memory, x = put(problem.inputs["memory"]), put(problem.inputs["x"])
+        if cached:
+            with jax.default_device(device):
+                cache = ji.init_decoder_cache(memory, params, H, n + 1)
+                _, cache = ji.decoder_step(x[:, :n], cache, params, H)  # prefill, eager, untimed
+            fn = lambda step, cache, params: ji.decoder_step(step, cache, params, H)  # noqa: E731
+            args = (x[:, n:], cache, params)
+        else:
+            def fn(x, memory, params):
+                mask = ji.causal_mask(x.shape[1])
+                return ji.decoder(x, memory, params, H, self_mask=mask)[:, -1]
+            args = (x, memory, params)
+        start = time.perf_counter()
+        with jax.default_matmul_precision(problem.matmul_precision):
+            compiled = jax.jit(fn).lower(*args).compile()
+        compile_s = time.perf_counter() - start
+
+        def memory_peak():
+            stats = compiled.memory_analysis()
+            if stats is None:
+                return None, "n/a (no memory_analysis on this backend)"
+            return stats.temp_size_in_bytes + stats.output_size_in_bytes, "xla memory_analysis"
+
+        return Runner(lambda: jax.block_until_ready(compiled(*args)), memory_peak, compile_s)
+
+    return prepare

@@ -1,5 +1,6 @@
-"""The benchmark's smoke test: ``--quick`` runs end to end and its JSON holds
-every implementation, timed or skipped with a reason. Nothing here asserts a
+"""The benchmark's smoke test: ``--quick`` runs end to end (the op presets'
+``quick`` and the decode presets' ``decode-quick``) and its JSON holds every
+implementation, timed or skipped with a reason. Nothing here asserts a
 speed: the numbers are only checked for being consistent with each other.
 """
 import json
@@ -7,13 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conformance import bench
 from conformance.bench import cli
 # under its old name: `report` is what the tests call the JSON report
 from conformance.bench import report as bench_report
-from conformance.bench.cases import IMPLS, MODES, PRESETS, Shape, flops, make_inputs, parse_shape
+from conformance.bench.cases import (DECODE_PRESETS, IMPLS, PRESETS, DecodePoint, Shape, flops,
+                                     make_decode_inputs, make_inputs, op_modes, parse_lengths,
+                                     parse_shape, shape_from_record)
 from conformance.bench.runners import Problem, Skip, numpy_ref
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,19 +36,26 @@ def quick(tmp_path_factory):
     return json.loads((out / "bench.json").read_text()), proc.stdout
 
 
+def _key(r):
+    """A record's case and implementation: decode has one case per cache length L."""
+    return (r["preset"], r["shape"]["L"], r["op"], r["mode"], r["impl"])
+
+
 def _by_key(report):
-    return {(r["op"], r["mode"], r["impl"]): r for r in report["results"]}
+    return {_key(r): r for r in report["results"]}
 
 
 def test_quick_report_has_every_implementation_timed_or_skipped_with_a_reason(quick):
     report, _ = quick
     records = _by_key(report)
-    expected = {(op, mode, impl.name) for op, impls in IMPLS.items() for mode in MODES
-                for impl in impls}
+    L = PRESETS["quick"].L
+    expected = {("quick", L, op, mode, impl.name) for op, impls in IMPLS.items() if op != "decode"
+                for mode in op_modes(op) for impl in impls}
+    expected |= {("decode-quick", n, "decode", "forward", impl.name)
+                 for n in DECODE_PRESETS["decode-quick"].lengths for impl in IMPLS["decode"]}
     assert set(records) == expected
     assert len(report["results"]) == len(expected)  # no duplicates
     for key, record in records.items():
-        assert record["preset"] == "quick"
         assert record["status"] in ("ok", "skipped"), (key, record["reason"])
         if record["status"] == "skipped":
             assert record["reason"], key
@@ -72,8 +83,8 @@ def test_quick_ratios_divide_by_the_baseline_median(quick, builtins_installed):
     report, _ = quick
     records = _by_key(report)
     compared = 0
-    for (op, mode, _), r in records.items():
-        base = records.get((op, mode, r["baseline"]))
+    for (preset, L, op, mode, _), r in records.items():
+        base = records.get((preset, L, op, mode, r["baseline"]))
         if r["status"] == "ok" and base is not None and base["status"] == "ok":
             assert r["ratio_to_baseline"] == pytest.approx(r["median_s"] / base["median_s"])
             compared += 1
@@ -88,7 +99,7 @@ def test_quick_gflops_follow_the_flop_count_and_the_measured_peak(quick):
     assert peaks["cpu"] == max(row["gflops"] for row in report["matmul_peak"]["results"]
                                if row["device"] == "cpu")
     for r in (r for r in report["results"] if r["status"] == "ok"):
-        assert r["flops"] == flops(r["op"], Shape(**r["shape"]), r["mode"])
+        assert r["flops"] == flops(r["op"], shape_from_record(r["shape"]), r["mode"], r["impl"])
         assert r["gflops"] == pytest.approx(r["flops"] / r["median_s"] / 1e9)
         assert r["fraction_of_peak"] == pytest.approx(r["gflops"] / peaks[r["device"]])
 
@@ -125,6 +136,39 @@ def test_plot_writes_a_png_from_the_report(quick, tmp_path):
     message = bench_report.plot(quick[0], tmp_path / "bench.png")
     assert message.startswith("wrote")
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_decode_plot_writes_a_png_beside_the_main_one(quick, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = cli.decode_plot_path(tmp_path / "bench.png")
+    assert path == tmp_path / "bench_decode.png"
+    assert bench_report.plot_decode(quick[0], path).startswith("wrote")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_quick_decode_table_has_a_row_per_implementation_and_ratio_and_a_column_per_length(quick):
+    report, stdout = quick
+    rows = [r for r in report["results"] if r["op"] == "decode"]
+    columns, table = bench_report.decode_table(rows)
+    lengths = DECODE_PRESETS["decode-quick"].lengths
+    assert columns == ["cache length L", *map(str, lengths)]
+    names = [impl.name for impl in IMPLS["decode"]]
+    ratios = [f"{impl.name} / {impl.baseline}" for impl in IMPLS["decode"] if impl.baseline]
+    assert [cells[0] for cells in table] == names + ratios
+    # every recompute is divided by its own framework's cached step (the
+    # built-in, which has no cache, by torch_impl's)
+    assert {r for r in ratios if "numpy" in r or "jax" in r} == {
+        "numpy_ref[recompute] / numpy_ref[cached]", "jax_impl[recompute] / jax_impl[cached]"}
+    assert "torch_impl[recompute] / torch_impl[cached]" in ratios
+    assert all(len(cells) == 1 + len(lengths) for cells in table)
+    by_key = _by_key(report)
+    for cells in table[len(names):]:
+        name = cells[0].split(" / ")[0]
+        for n, cell in zip(lengths, cells[1:]):
+            ratio = by_key["decode-quick", n, "decode", "forward", name]["ratio_to_baseline"]
+            assert cell == ("-" if ratio is None else f"{ratio:.3g}x")
+    header = next(line for line in stdout.splitlines() if line.startswith("cache length L"))
+    assert header.split()[3:] == [str(n) for n in lengths]
 
 
 # --------------------------------------------------------------------------
@@ -173,3 +217,58 @@ def test_numpy_ref_is_skipped_with_a_reason_for_bfloat16_and_slow_backward():
     with pytest.raises(Skip, match="long preset"):
         numpy_ref(slow, "forward+backward")
     numpy_ref(slow, "forward").call()  # the forward still runs
+
+
+def test_decode_flops_count_the_step_and_the_full_pass_by_hand():
+    p = DecodePoint(B=2, L=3, D=4, H=2, F=5, S=6, layers=3)  # Dh = 2, recompute over 4 positions
+    self_proj = lambda rows: 4 * 2 * 2 * rows * 4 * 4  # noqa: E731  q, k, v, o
+    cross_proj = lambda rows: 2 * 2 * 2 * rows * 4 * 4  # noqa: E731  q, o
+    memory_kv = 2 * 2 * 2 * 6 * 4 * 4  # the memory's k, v: in the cache, or recomputed
+    attention = lambda rows, keys: 2 * 2 * (2 * 2 * rows * keys * 2)  # noqa: E731  q kᵀ, p v
+    ffn = lambda rows: 2 * 2 * 2 * rows * 4 * 5  # noqa: E731
+    cached = self_proj(1) + attention(1, 4) + cross_proj(1) + attention(1, 6) + ffn(1)
+    full = self_proj(4) + attention(4, 4) + cross_proj(4) + memory_kv + attention(4, 6) + ffn(4)
+    assert flops("decode", p, "forward", "numpy_ref[cached]") == 3 * cached
+    assert flops("decode", p, "forward", "jax_impl[recompute]") == 3 * full
+    s = Shape(B=2, L=3, D=4, H=2, F=5)
+    assert flops("decoder_layer", s, "forward") == (2 * flops("mha", s, "forward")
+                                                    + flops("encoder_layer", s, "forward")
+                                                    - flops("mha", s, "forward"))
+
+
+def test_parse_lengths_sorts_and_rejects_bad_text():
+    assert parse_lengths("512, 128,256,128") == (128, 256, 512)
+    for bad in ("128,,256", "0,4", "a"):
+        with pytest.raises(ValueError, match="positive integers"):
+            parse_lengths(bad)
+
+
+def test_decode_lengths_replace_the_presets_lengths():
+    args = cli.build_parser().parse_args(["--preset", "decode", "--decode-lengths", "64,16"])
+    [(name, shape)] = cli._presets(args)
+    assert name == "decode" and shape.lengths == (16, 64)
+    assert shape.D == DECODE_PRESETS["decode"].D
+    # --op alone: the default presets without decode; nothing named: with it
+    args = cli.build_parser().parse_args(["--op", "mha"])
+    assert "decode" not in dict(cli._presets(args))
+    assert "decode" in dict(cli._presets(cli.build_parser().parse_args([])))
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax"])
+def test_decode_cached_step_and_recompute_compute_the_same_token(framework):
+    """The two timed calls decode the same token: the cached step's output is
+    the recompute's last position (so the ratio compares equal work)."""
+    from conformance.bench import runners
+
+    if framework != "numpy":
+        pytest.importorskip(framework)
+    point = DECODE_PRESETS["decode-quick"].at(7)
+    problem = Problem("decode", point, "float32", make_decode_inputs(point))
+    prepare = {"numpy": runners.numpy_decode, "torch": runners.torch_decode,
+               "jax": runners.jax_decode}[framework]
+    step_out, _ = prepare(cached=True)(problem, "forward").call()
+    full_out = prepare(cached=False)(problem, "forward").call()
+    np.testing.assert_allclose(np.asarray(step_out)[:, 0], np.asarray(full_out), rtol=1e-4,
+                               atol=1e-5)
+    with pytest.raises(Skip, match="forward only"):
+        prepare(cached=True)(problem, "forward+backward")
