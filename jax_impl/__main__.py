@@ -149,7 +149,7 @@ def report(x, out, weights, results, seed: int = reference.SEED) -> None:
     """numpy_ref's report, plus the largest difference from numpy_ref's outputs."""
     x, out, weights = (np.asarray(a) for a in (x, out, weights))
     reference.report(x, out, weights)
-    reference.report_transformer(results)
+    reference._report_transformer(results)
     out_ref = reference.run(*reference.tutorial_inputs(seed))[1]
     logits_ref = reference.run_transformer(*reference.transformer_inputs(seed))["logits"]
     diff = max(np.abs(out - out_ref).max(), np.abs(results["logits"] - logits_ref).max())

@@ -18,7 +18,7 @@ Seeded (``--seed``, default 0), so the printout is the same on every run.
 
 ``python -m torch_impl`` and ``python -m jax_impl`` run the same example on
 the same inputs and weights (``tutorial_inputs``, ``transformer_inputs``) and
-print the same report (``report``, ``report_transformer``), plus their largest
+print the same report (``report``, ``_report_transformer``), plus their largest
 difference from this one. They share this module's
 command line (``_parser``) and its one-line report of a missing framework
 (``_missing_line``).
@@ -144,7 +144,7 @@ def transformer_inputs(seed: int = SEED):
 
 
 def run_transformer(src, src_lengths, tgt, params):
-    """The tiny Transformer on numpy_ref step by step: the dict ``report_transformer`` prints.
+    """The tiny Transformer on numpy_ref step by step: the dict ``_report_transformer`` prints.
 
     Teacher forced, the pieces of :func:`~numpy_ref.transformer.transformer`
     one by one (and the function itself, to show they agree); the cached
@@ -214,7 +214,7 @@ def _bits(row) -> str:
     return " ".join("1" if v else "0" for v in np.asarray(row).reshape(-1))
 
 
-def report_transformer(r) -> None:
+def _report_transformer(r) -> None:
     """Print the tiny Transformer's shapes, masks and decoding (numpy arrays in ``r``)."""
     S, L, D = r["src"].shape[1], r["tgt"].shape[1], r["e_src"].shape[-1]
     T, n = r["step_mask"].shape[0], len(r["steps"])
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the example, return the exit status."""
     args = _parser("numpy_ref", EXAMPLE).parse_args(argv)
     report(*run(*tutorial_inputs(args.seed)))
-    report_transformer(run_transformer(*transformer_inputs(args.seed)))
+    _report_transformer(run_transformer(*transformer_inputs(args.seed)))
     return 0
 
 

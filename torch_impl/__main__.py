@@ -141,7 +141,7 @@ def report(x, out, weights, results, seed: int = reference.SEED) -> None:
     """numpy_ref's report, plus the largest difference from numpy_ref's outputs."""
     reference.report(x.numpy(), out.numpy(), weights.numpy())
     results = _arrays(results)
-    reference.report_transformer(results)
+    reference._report_transformer(results)
     out_ref = reference.run(*reference.tutorial_inputs(seed))[1]
     logits_ref = reference.run_transformer(*reference.transformer_inputs(seed))["logits"]
     diff = max(np.abs(out.numpy() - out_ref).max(), np.abs(results["logits"] - logits_ref).max())

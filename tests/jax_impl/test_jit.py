@@ -89,6 +89,56 @@ def _calls(rng):
         "heads_to_blhd": ((_n(rng, B, H, LQ, DH),), {}),
         "heads_from_blhd": ((_n(rng, B, LQ, H, DH),), {}),
         **_seq2seq_calls(rng, key),
+        **_decoder_calls(rng, key),
+    }
+
+
+def _decoder_calls(rng, key):
+    """The decoder side (decoder.py, cache.py, transformer.py) and its interop;
+    one decoder layer, S = LK source positions, a cache of capacity 4 holding 1."""
+    S, C, Vs, Vt = LK, 4, 9, 8
+    layer = {**_layer(rng), "cross_attn": nr.init_multi_head_attention(rng, D), "norm3": nr.init_layer_norm(D)}
+    stack = {"layers": [layer], "norm": nr.init_layer_norm(D)}
+    memory, pad = _n(rng, B, S, D), _pad([3, 7])
+    cache = nr.init_decoder_cache(memory, stack, H, C)
+    _, cache = nr.decoder_step(_n(rng, B, 1, D), cache, stack, H, memory_mask=pad)
+    model = nr.init_transformer(rng, Vs, Vt, D, FF, 1, 1)
+    src, tgt = rng.integers(0, Vs, (B, S)), rng.integers(0, Vt, (B, LQ))
+    return {
+        "decoder_layer": ((), {"x": _n(rng, B, LQ, D), "memory": memory, "params": layer, "num_heads": H,
+                               "self_mask": np.tril(np.ones((LQ, LQ), bool)), "memory_mask": pad,
+                               "dropout_p": 0.1, "rng": key, "return_weights": True}),
+        "decoder": ((), {"x": _n(rng, B, LQ, D), "memory": memory, "params": stack, "num_heads": H,
+                         "memory_mask": pad, "norm_first": True}),
+        "init_decoder_layer": ((key,), {"d_model": D, "d_ff": FF}),
+        "init_decoder": ((key,), {"num_layers": 2, "d_model": D, "d_ff": FF, "final_norm": True}),
+        "init_attention_cache": ((), {"batch_size": B, "num_heads": H, "capacity": C, "d_model": D}),
+        "self_attention_step": ((), {"x": _n(rng, B, 2, D), "params": layer["self_attn"], "num_heads": H,
+                                     "cache": cache["layers"][0]["self_attn"]}),
+        "init_decoder_layer_cache": ((), {"memory": memory, "params": layer, "num_heads": H, "capacity": C}),
+        "decoder_layer_step": ((), {"x": _n(rng, B, 2, D), "cache": cache["layers"][0], "params": layer,
+                                    "num_heads": H, "memory_mask": pad}),
+        "init_decoder_cache": ((), {"memory": memory, "params": stack, "num_heads": H, "capacity": C}),
+        "decoder_step": ((), {"x": _n(rng, B, 1, D), "cache": cache, "params": stack, "num_heads": H,
+                              "memory_mask": pad, "activation": "gelu"}),
+        "decoder_incremental": ((), {"x": _n(rng, B, LQ, D), "memory": memory, "params": stack,
+                                     "num_heads": H, "chunks": (0, 2, LQ - 2), "memory_mask": pad}),
+        "transformer": ((), {"src": src, "tgt": tgt, "params": model, "num_heads": H,
+                             "src_lengths": np.array([LK, 2])}),
+        "cross_entropy": ((), {"logits": _n(rng, B, LQ, Vt), "targets": tgt, "ignore_index": 0,
+                               "label_smoothing": 0.1}),
+        "init_transformer": ((key,), {"src_vocab": Vs, "tgt_vocab": Vt, "d_model": D, "d_ff": FF,
+                                      "num_encoder_layers": 1, "num_decoder_layers": 1}),
+        "greedy_decode": ((), {"src": src, "params": model, "num_heads": H, "bos": 1, "max_len": 3,
+                               "src_lengths": np.array([LK, 2])}),
+        "sample_decode": ((), {"src": src, "params": model, "num_heads": H, "bos": 1, "max_len": 3,
+                               "rng": key, "temperature": 0.5}),
+        "decoder_layer_params_to_torch": ((layer,), {}),
+        "decoder_layer_params_from_torch": ((nr_interop.decoder_layer_params_to_torch(layer),), {}),
+        "decoder_params_to_torch": ((stack,), {}),
+        "decoder_params_from_torch": ((nr_interop.decoder_params_to_torch(stack),), {}),
+        "transformer_params_to_torch": ((model,), {}),
+        "transformer_params_from_torch": ((nr_interop.transformer_params_to_torch(model),), {}),
     }
 
 
@@ -121,7 +171,7 @@ def _seq2seq_calls(rng, key):
     }
 
 
-MODULES = ("masks", "positional", "attention", "layers", "encoder", "seq2seq")
+MODULES = ("masks", "positional", "attention", "layers", "encoder", "seq2seq", "decoder", "cache", "transformer")
 PUBLIC = sorted(
     [name for m in MODULES for name in importlib.import_module(f"jax_impl.{m}").__all__]
     + list(interop.__all__)
