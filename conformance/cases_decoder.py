@@ -195,7 +195,8 @@ def _decoder(r, num_layers=2, final_norm=True, norm_first=False, activation="rel
 
 
 _case("decoder/post/final-norm", "decoder", partial(_decoder))
-_case("decoder/post/no-final-norm", "decoder", partial(_decoder, final_norm=False, activation="gelu"))
+_case("decoder/post/no-final-norm", "decoder", partial(_decoder, num_layers=1, final_norm=False,
+                                                       activation="gelu"))
 _case("decoder/pre/final-norm", "decoder", partial(_decoder, norm_first=True, self_mask="padding+causal"))
 _case("decoder/post/dropout", "decoder", partial(_decoder, dropout_p=0.2),
       note="a list of six keep-masks per layer")
@@ -234,10 +235,11 @@ _case("decoder/incremental/empty-prefill-singles", "decoder_incremental",
       _no_dropout(partial(_incremental, chunks=(0, 1, 1, 1, 1, 1))),
       note="an empty prefill, then one token per step")
 _case("decoder/incremental/prefill1-pairs", "decoder_incremental",
-      _no_dropout(partial(_incremental, chunks=(1, 2, 2), norm_first=True)),
+      _no_dropout(partial(_incremental, chunks=(1, 2, 2), norm_first=True, num_layers=1)),
       note="a one-token prefill, then two-token steps")
 _case("decoder/incremental/prefill3-singles", "decoder_incremental",
-      _no_dropout(partial(_incremental, chunks=(3, 1, 1), activation="gelu", memory_mask="fully-masked")),
+      _no_dropout(partial(_incremental, chunks=(3, 1, 1), activation="gelu", memory_mask="fully-masked",
+                          num_layers=1)),
       note="batch 0 has no source: cached cross-attention rows give 0 too")
 _case("decoder/incremental/one-pass", "decoder_incremental",
       _no_dropout(partial(_incremental, chunks=(5,), num_layers=1, final_norm=False)),
@@ -275,7 +277,7 @@ _case("cross_entropy/all-ignored", "cross_entropy",
 # the encoder-decoder Transformer
 
 
-def _transformer_params(r, tie, n_enc=1, n_dec=2):
+def _transformer_params(r, tie, n_enc=1, n_dec=1):
     params = {
         "src_embed": _normal(r, VS, D, scale=D ** -0.5), "tgt_embed": _normal(r, VT, D, scale=D ** -0.5),
         "encoder": {"layers": [_layer_params(r, D, F) for _ in range(n_enc)], "norm": _ln_params(r, D)},
@@ -302,7 +304,7 @@ def _transformer(r, tie=False, norm_first=False, activation="relu", lengths=Fals
         kw["dropout_masks"] = {
             "src_embed": _keep(r, (B, S, D), dropout_p), "tgt_embed": _keep(r, (B, Lt, D), dropout_p),
             "encoder": [_dropout_masks(r, B, H, S, D, F, dropout_p)],
-            "decoder": [_decoder_dropout_masks(r, dropout_p, Lt) for _ in range(2)],
+            "decoder": [_decoder_dropout_masks(r, dropout_p, Lt)],
         }
     return _transformer_relu_margin(kw)
 
