@@ -100,7 +100,7 @@ def decoder_layer(x, memory, params, num_heads, *, self_mask=None, memory_mask=N
       :func:`multi_head_attention` returns them: the softmax before the
       attention dropout (0 in a fully masked row).
     """
-    masks, shapes = rules.decoder_layer(  # SPEC 5: x, memory, every sublayer's params, the config, keep-masks
+    masks, shapes = rules.decoder_layer(  # SPEC 3.18: x, memory, every sublayer's params, the config, keep-masks
         x, memory, params, num_heads, self_mask, memory_mask, norm_first, activation, eps,
         dropout_p, dropout_masks, return_weights)
     masks = _draw_missing(masks, shapes, dropout_p, rng)
@@ -141,7 +141,7 @@ def decoder(x, memory, params, num_heads, *, self_mask=None, memory_mask=None, n
     Returns:
       ``(B, L, D)``, a new array even for zero layers and no final norm.
     """
-    per_layer = rules.decoder(  # SPEC 5: the config even for zero layers, params.layers.<i>, the norm
+    per_layer = rules.decoder(  # SPEC 3.18: the config even for zero layers, params.layers.<i>, the norm
         x, memory, params, num_heads, self_mask, memory_mask, norm_first, activation, eps,
         dropout_p, dropout_masks)
     rng = _generator(rng)
@@ -259,7 +259,7 @@ def decoder_layer_backward(d_out, x, memory, params, num_heads, *, self_mask=Non
       {"gamma", "beta"}}}``. Both attentions' ``b_k`` gradients are 0 up to
       rounding (``q · b_k`` shifts a whole score row).
     """
-    masks, _ = rules.decoder_layer(  # SPEC 5
+    masks, _ = rules.decoder_layer(  # SPEC 3.18
         x, memory, params, num_heads, self_mask, memory_mask, norm_first, activation, eps,
         dropout_p, dropout_masks, return_weights)
     rules.require_site_masks(masks, dropout_p, "dropout_masks")  # the forward's six keep-masks
@@ -367,7 +367,7 @@ def decoder_backward(d_out, x, memory, params, num_heads, *, self_mask=None, mem
       ``{"x": (B, L, D), "memory": (B, S, D), "params": {"layers": [layer
       grads, ...], "norm"?: {"gamma", "beta"}}}``.
     """
-    per_layer = rules.decoder(  # SPEC 5
+    per_layer = rules.decoder(  # SPEC 3.18
         x, memory, params, num_heads, self_mask, memory_mask, norm_first, activation, eps,
         dropout_p, dropout_masks)
     for i, masks in enumerate(per_layer):  # the forward's six keep-masks of every layer

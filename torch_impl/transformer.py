@@ -147,12 +147,9 @@ def init_transformer(rng, src_vocab, tgt_vocab, d_model, d_ff, num_encoder_layer
       ``{"src_embed", "tgt_embed", "encoder", "decoder", "out"}``.
     """
     rng, dtype = _generator(rng), float_dtype(dtype)
-    Vs, Vt, D, F = rules.widths(  # vocabularies and widths >= 1
-        src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d_model, d_ff=d_ff)
-    n_enc = rules.count(num_encoder_layers, "num_encoder_layers")  # >= 0
-    n_dec = rules.count(num_decoder_layers, "num_decoder_layers")
-    rules.flag(final_norm, "final_norm")
-    rules.flag(tie_embeddings, "tie_embeddings")
+    Vs, Vt, D, F, n_enc, n_dec = rules.init_transformer(  # SPEC 3.21: widths >= 1, layer counts >= 0
+        src_vocab, tgt_vocab, d_model, d_ff, num_encoder_layers, num_decoder_layers, final_norm,
+        tie_embeddings)
     std, bound = D ** -0.5, 1.0 / math.sqrt(D)
     params = {
         "src_embed": torch.randn((Vs, D), generator=rng, dtype=torch.float64) * std,

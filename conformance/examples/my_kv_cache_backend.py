@@ -38,7 +38,7 @@ def _heads(x, w, b, H):
 
 def _attend(q, k, v, visible):
     """Softmax attention over the visible slots only; a row with none gives 0."""
-    s = np.einsum("bhtd,bhcd->bhtc", q, k) / np.sqrt(q.shape[-1])  # (B, H, T, C)
+    s = np.einsum("bhtd,bhcd->bhtc", q, k) / float(np.sqrt(q.shape[-1]))  # (B, H, T, C); a Python float keeps float32
     s = np.where(visible, s, -np.inf)
     m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
     e = np.where(visible, np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
@@ -115,6 +115,7 @@ class MyCacheBackend(Backend):
     gradients = False  # an inference cache: outputs certified, gradients "not checked"
     errors = False
     devices = ("cpu",)
+    cache_class = MyCache  # the cache under test
 
     def supports(self, call: Call) -> bool:
         return call.function == "decoder_incremental"
@@ -124,7 +125,7 @@ class MyCacheBackend(Backend):
         cast = (lambda a: a) if dtype is None else (lambda a: np.asarray(a, dtype=dtype))
         params = _cast_tree(kw["params"], cast)
         x, memory, H = cast(kw["x"]), cast(kw["memory"]), kw["num_heads"]
-        cache = MyCache(memory, params["layers"], H, capacity=x.shape[1])
+        cache = self.cache_class(memory, params["layers"], H, capacity=x.shape[1])
         outs, start = [], 0
         for n in kw["chunks"]:  # chunks[0] is the prefill (possibly empty), then the steps
             mask = kw["memory_mask"]

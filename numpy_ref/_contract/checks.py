@@ -819,6 +819,17 @@ class Rules(ArrayRules):
         return self.greedy_decode(src, params, num_heads, bos, max_len, src_lengths, None,
                                   tie_embeddings, norm_first, activation, eps, temperature)
 
+    def init_transformer(self, src_vocab, tgt_vocab, d_model, d_ff, num_encoder_layers,
+                         num_decoder_layers, final_norm, tie_embeddings) -> tuple:
+        """``init_transformer``: vocabularies and widths ``>= 1``, layer counts ``>= 0``,
+        two flags. Returns ``(Vs, Vt, D, F, n_enc, n_dec)`` as Python ints."""
+        sizes = self.widths(src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d_model, d_ff=d_ff)
+        layers = (self.count(num_encoder_layers, "num_encoder_layers"),
+                  self.count(num_decoder_layers, "num_decoder_layers"))
+        self.flag(final_norm, "final_norm")
+        self.flag(tie_embeddings, "tie_embeddings")
+        return (*sizes, *layers)
+
     def _transformer_params(self, params, tie_embeddings) -> tuple:
         """Keys, the embeddings and the projection (``out`` is ``{"b"}`` when tied),
         both stacks, one float dtype. Returns ``(sizes {"Vs", "Vt", "D"},

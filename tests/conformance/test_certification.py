@@ -341,3 +341,36 @@ def test_pytest_plugin_refuses_an_unknown_backend_with_one_line(tmp_path):
 def test_our_own_run_has_no_catalog_items_unless_asked(tmp_path):
     proc = _scratch_pytest(tmp_path)
     assert proc.returncode == 0 and "1 passed" in proc.stdout
+
+
+# --------------------------------------------------------------------------
+# the incremental-decoding kind: a third-party KV cache
+
+
+CACHE_EXAMPLE = "conformance.examples.my_kv_cache_backend"
+
+
+def test_the_kv_cache_example_meets_the_full_pass_at_every_position(capsys):
+    code, out, _ = _run(capsys, "--backend", f"{CACHE_EXAMPLE}:MyCacheBackend", "-k", "incremental",
+                        "--require", "decoder")
+    assert code == 0, out
+    assert "my-kv-cache: 8 passed, 0 failed" in out
+    assert "float64 4/4 value cases (4 outputs, gradients not checked)" in out
+
+
+def test_a_cache_that_forgets_its_earlier_steps_fails_every_multi_step_case(capsys, monkeypatch):
+    """The common bug: each step starts from an empty cache (its queries then see
+    only their own chunk). Only the one-pass case, a single step, still passes."""
+    from conformance.examples import my_kv_cache_backend as example
+
+    class ForgetfulCache(example.MyCache):
+        def step(self, *args, **kwargs):
+            self.length = 0  # every earlier position forgotten
+            return super().step(*args, **kwargs)
+
+    monkeypatch.setattr(example.MyCacheBackend, "cache_class", ForgetfulCache)
+    code, out, _ = _run(capsys, "--backend", f"{CACHE_EXAMPLE}:MyCacheBackend", "-k", "incremental")
+    assert code == 1
+    failed = {line.split()[3].rstrip(":") for line in _fail_lines(out) if line.startswith("FAIL my-kv-cache")}
+    assert failed == {"decoder/incremental/empty-prefill-singles", "decoder/incremental/prefill1-pairs",
+                      "decoder/incremental/prefill3-singles"}

@@ -40,7 +40,7 @@ from .fd import check_backward
 
 L, S = LQ, LK  # target 5, source 7
 SAMPLE = 16  # finite differences on 16 coordinates + 3 random directions per leaf (fd.py)
-LAW_TOL = 1e-12  # the law of SPEC section 5 ("KV cache"): float64 to 1e-12
+LAW_TOL = 1e-12  # the law of SPEC 3.20 (the KV cache): float64 to 1e-12
 
 SOURCE_LENGTHS = np.array([S, 4])  # sequence 1 of the memory is padded after 4 tokens
 MEMORY_PADDING = padding_mask(SOURCE_LENGTHS, S)  # (B, 1, 1, S)
