@@ -38,6 +38,7 @@ from numpy_ref._contract.checks import DECODER_DROPOUT_SITES, DECODER_LAYER_KEYS
 
 from ._checks import _key, float_dtype, rules
 from .attention import init_multi_head_attention, multi_head_attention
+from .encoder import _init_stack
 from .layers import dropout, feed_forward, init_feed_forward, init_layer_norm, layer_norm
 
 __all__ = [
@@ -158,13 +159,7 @@ def init_decoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=jnp.flo
 
     ``rng``: a JAX PRNG key, split into one key per layer.
     """
-    rng, dtype = _key(rng, required=True), float_dtype(dtype)
-    rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
-    keys = jax.random.split(rng, num_layers)
-    params = {"layers": [init_decoder_layer(k, d_model, d_ff, dtype) for k in keys]}
-    if final_norm:
-        params["norm"] = init_layer_norm(d_model, dtype)
-    return params
+    return _init_stack(init_decoder_layer, rng, num_layers, d_model, d_ff, final_norm, dtype)
 
 
 # --------------------------------------------------------------------------

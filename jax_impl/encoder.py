@@ -135,10 +135,16 @@ def init_encoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=jnp.flo
 
     ``rng``: a JAX PRNG key, split into one key per layer.
     """
+    return _init_stack(init_encoder_layer, rng, num_layers, d_model, d_ff, final_norm, dtype)
+
+
+def _init_stack(init_layer, rng, num_layers, d_model, d_ff, final_norm, dtype):
+    """``{"layers": [num_layers init_layer(...)], "norm"?: ...}``, ``rng`` split into
+    one key per layer: the body of :func:`init_encoder` and ``init_decoder``."""
     rng, dtype = _key(rng, required=True), float_dtype(dtype)
     rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
     keys = jax.random.split(rng, num_layers)
-    params = {"layers": [init_encoder_layer(k, d_model, d_ff, dtype) for k in keys]}
+    params = {"layers": [init_layer(k, d_model, d_ff, dtype) for k in keys]}
     if final_norm:
         params["norm"] = init_layer_norm(d_model, dtype)
     return params
