@@ -249,10 +249,7 @@ class TransformerDecoderLayer(_Layer):
 
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, activation="relu",
                  norm_first=False, eps=1e-5, *, dtype=None, device=None):
-        super().__init__()
-        rules.choice(activation, "activation", ACTIVATIONS)
-        rules.probability(dropout, "dropout")
-        self._configure(num_heads, dropout, activation, norm_first, eps)
+        super().__init__(num_heads, dropout, activation, norm_first, eps)
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, dtype=dtype, device=device)
         self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout, dtype=dtype, device=device)
         self.ffn = FeedForward(d_model, d_ff, activation, dropout, dtype=dtype, device=device)

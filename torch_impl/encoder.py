@@ -210,9 +210,16 @@ class _Configured(_CanonicalModule):
 
 class _Layer(_Configured):
     """A layer module whose submodules are the blocks named in ``_BLOCKS``
-    (``params()`` keys, in ``state_dict()`` order); the subclass builds them."""
+    (``params()`` keys, in ``state_dict()`` order); the subclass builds them
+    after checking and storing the configuration here."""
 
     _BLOCKS = ()
+
+    def __init__(self, num_heads, dropout, activation, norm_first, eps):
+        super().__init__()
+        rules.choice(activation, "activation", ACTIVATIONS)
+        rules.probability(dropout, "dropout")
+        self._configure(num_heads, dropout, activation, norm_first, eps)
 
     def params(self):
         return {name: getattr(self, name).params() for name in self._BLOCKS}
@@ -281,10 +288,7 @@ class TransformerEncoderLayer(_Layer):
 
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, activation="relu",
                  norm_first=False, eps=1e-5, *, dtype=None, device=None):
-        super().__init__()
-        rules.choice(activation, "activation", ACTIVATIONS)
-        rules.probability(dropout, "dropout")
-        self._configure(num_heads, dropout, activation, norm_first, eps)
+        super().__init__(num_heads, dropout, activation, norm_first, eps)
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, dtype=dtype, device=device)
         self.ffn = FeedForward(d_model, d_ff, activation, dropout, dtype=dtype, device=device)
         self.norm1 = LayerNorm(d_model, eps, dtype=dtype, device=device)
