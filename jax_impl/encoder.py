@@ -189,9 +189,10 @@ class _Sublayers:
 # dropout masks
 
 
-def _draw_missing(masks, shapes, dropout_p, rng):
+def _draw_missing(masks, shapes, dropout_p, rng, sites=DROPOUT_SITES):
     """The sites without a given keep-mask, each drawn from its own split of
-    ``rng`` (in ``DROPOUT_SITES`` order); JAX has no global generator."""
+    ``rng`` (split in ``sites`` order: ``DROPOUT_SITES`` here, the decoder
+    passes ``DECODER_DROPOUT_SITES``); JAX has no global generator."""
     missing = [site for site, m in masks.items() if m is None]
     if dropout_p == 0 or not missing:
         return masks
@@ -200,6 +201,6 @@ def _draw_missing(masks, shapes, dropout_p, rng):
             f"rng: expected a JAX PRNG key (or explicit dropout_masks for every site) when "
             f"dropout_p > 0; here dropout_p={dropout_p}, missing {missing}, got None"
         )
-    keys = dict(zip(DROPOUT_SITES, jax.random.split(_key(rng), len(DROPOUT_SITES))))
+    keys = dict(zip(sites, jax.random.split(_key(rng), len(sites))))
     return {**masks, **{site: jax.random.bernoulli(keys[site], 1.0 - dropout_p, shapes[site])
                         for site in missing}}
