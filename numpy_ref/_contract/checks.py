@@ -564,16 +564,20 @@ class Rules(ArrayRules):
     def _stack_leaves(self, params, prefix, blocks, D, ref, ref_name) -> list:
         """Every layer of a stack (``<prefix>.layers.<i>``) and its final norm, in
         ``ref``'s dtype and on its device, of width ``D``; returns each layer's ``F``."""
-        widths = []
-        for i, layer in enumerate(self._stack(params, prefix)):
-            where = f"{prefix}.layers.{i}"
-            named = self._layer_leaves(layer, where, blocks)
-            self.same_float_dtype({ref_name: ref, **named})
-            widths.append(self._layer_shapes(named, where, D, blocks))
-            for name, y in named.items():
-                self.same_device(y, name, ref, ref_name)
+        widths = [self._layer_on(layer, f"{prefix}.layers.{i}", blocks, D, ref, ref_name)
+                  for i, layer in enumerate(self._stack(params, prefix))]
         self._final_norm(params, prefix, ref, ref_name, D)
         return widths
+
+    def _layer_on(self, params, prefix, blocks, D, ref, ref_name) -> int:
+        """One layer's params (exactly ``blocks``) in ``ref``'s dtype and on its
+        device, of width ``D``; returns its ``F``."""
+        named = self._layer_leaves(params, prefix, blocks)
+        self.same_float_dtype({ref_name: ref, **named})
+        F = self._layer_shapes(named, prefix, D, blocks)
+        for name, y in named.items():
+            self.same_device(y, name, ref, ref_name)
+        return F
 
     # ---- the KV cache (SPEC 3.20) ---------------------------------------------
 
@@ -607,16 +611,17 @@ class Rules(ArrayRules):
         self.float_(memory, "memory")
         self.shape(memory, "memory", ("B", "S", "D"))
         D = int(memory.shape[2])
-        if layer:
-            named = self._layer_leaves(params, "params", _DECODER_BLOCKS)
-            self.same_float_dtype({"memory": memory, **named})
-            self._layer_shapes(named, "params", D, _DECODER_BLOCKS)
-            for name, y in named.items():
-                self.same_device(y, name, memory, "memory")
-        else:
-            self._stack_leaves(params, "params", _DECODER_BLOCKS, D, memory, "memory")
+        self._decoder_params(params, layer, D, memory, "memory")
         self.heads(num_heads, D)
         return self.count(capacity, "capacity")
+
+    def _decoder_params(self, params, layer, D, ref, ref_name):
+        """One decoder layer's params (``layer=True``) or a decoder stack's, with
+        ``ref``'s float dtype and device; returns the number of layers (None for one layer)."""
+        if layer:
+            self._layer_on(params, "params", _DECODER_BLOCKS, D, ref, ref_name)
+            return None
+        return len(self._stack_leaves(params, "params", _DECODER_BLOCKS, D, ref, ref_name))
 
     def decoder_step(self, x, cache, params, num_heads, memory_mask, norm_first, activation, eps,
                      layer=False) -> None:
@@ -628,15 +633,7 @@ class Rules(ArrayRules):
         self.float_(x, "x")
         self.shape(x, "x", ("B", "T", "D"))
         B, T, D = (int(n) for n in x.shape)
-        if layer:
-            named = self._layer_leaves(params, "params", _DECODER_BLOCKS)
-            self.same_float_dtype({"x": x, **named})
-            self._layer_shapes(named, "params", D, _DECODER_BLOCKS)
-            for name, y in named.items():
-                self.same_device(y, name, x, "x")
-            n_layers = None
-        else:
-            n_layers = len(self._stack_leaves(params, "params", _DECODER_BLOCKS, D, x, "x"))
+        n_layers = self._decoder_params(params, layer, D, x, "x")
         H = self.heads(num_heads, D)
         S = self._decoder_cache(cache, x, B, H, D // H, T, n_layers)
         if memory_mask is not None:
