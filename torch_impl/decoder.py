@@ -285,7 +285,6 @@ class TransformerDecoderLayer(_Layer):
                                   eps=self.eps)
 
 
-
 class TransformerDecoder(_Stack):
     """:func:`decoder` as a module: ``layers`` (an ``nn.ModuleList`` of
     :class:`TransformerDecoderLayer`) and, iff ``final_norm``, ``norm``
