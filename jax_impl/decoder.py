@@ -38,6 +38,7 @@ from numpy_ref._contract.checks import DECODER_DROPOUT_SITES, DECODER_LAYER_KEYS
 
 from ._checks import _key, float_dtype, rules
 from .attention import init_multi_head_attention, multi_head_attention
+from .encoder import _draw_missing, _init_stack
 from .layers import dropout, feed_forward, init_feed_forward, init_layer_norm, layer_norm
 
 __all__ = [
@@ -93,7 +94,7 @@ def decoder_layer(x, memory, params, num_heads, *, self_mask=None, memory_mask=N
     masks, shapes = rules.decoder_layer(  # x, memory, every sublayer's params, the config, keep-masks
         x, memory, params, num_heads, self_mask, memory_mask, norm_first, activation, eps,
         dropout_p, dropout_masks, return_weights)
-    masks = _draw_missing(masks, shapes, dropout_p, rng)
+    masks = _draw_missing(masks, shapes, dropout_p, rng, DECODER_DROPOUT_SITES)
     attend = _FullAttention(memory, params, num_heads, self_mask, memory_mask, dropout_p, masks)
     out, self_weights, cross_weights = _layer_body(
         x, params, attend, norm_first, activation, eps, dropout_p, masks)
@@ -158,13 +159,7 @@ def init_decoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=jnp.flo
 
     ``rng``: a JAX PRNG key, split into one key per layer.
     """
-    rng, dtype = _key(rng, required=True), float_dtype(dtype)
-    rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
-    keys = jax.random.split(rng, num_layers)
-    params = {"layers": [init_decoder_layer(k, d_model, d_ff, dtype) for k in keys]}
-    if final_norm:
-        params["norm"] = init_layer_norm(d_model, dtype)
-    return params
+    return _init_stack(init_decoder_layer, rng, num_layers, d_model, d_ff, final_norm, dtype)
 
 
 # --------------------------------------------------------------------------
@@ -221,19 +216,3 @@ class _FullAttention:
         return multi_head_attention(z, self.memory, self.memory, self.params["cross_attn"],
                                     self.num_heads, mask=self.memory_mask, dropout_p=self.p,
                                     dropout_mask=self.masks["cross_attention"])  # (B, L, D), (B, H, L, S)
-
-
-def _draw_missing(masks, shapes, dropout_p, rng):
-    """The sites without a given keep-mask, each drawn from its own split of
-    ``rng`` (in ``DECODER_DROPOUT_SITES`` order); JAX has no global generator."""
-    missing = [site for site, m in masks.items() if m is None]
-    if dropout_p == 0 or not missing:
-        return masks
-    if rng is None:
-        raise ValueError(
-            f"rng: expected a JAX PRNG key (or explicit dropout_masks for every site) when "
-            f"dropout_p > 0; here dropout_p={dropout_p}, missing {missing}, got None"
-        )
-    keys = dict(zip(DECODER_DROPOUT_SITES, jax.random.split(_key(rng), len(DECODER_DROPOUT_SITES))))
-    return {**masks, **{site: jax.random.bernoulli(keys[site], 1.0 - dropout_p, shapes[site])
-                        for site in missing}}

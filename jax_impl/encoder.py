@@ -135,10 +135,16 @@ def init_encoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=jnp.flo
 
     ``rng``: a JAX PRNG key, split into one key per layer.
     """
+    return _init_stack(init_encoder_layer, rng, num_layers, d_model, d_ff, final_norm, dtype)
+
+
+def _init_stack(init_layer, rng, num_layers, d_model, d_ff, final_norm, dtype):
+    """``{"layers": [num_layers init_layer(...)], "norm"?: ...}``, ``rng`` split into
+    one key per layer: the body of :func:`init_encoder` and ``init_decoder``."""
     rng, dtype = _key(rng, required=True), float_dtype(dtype)
     rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
     keys = jax.random.split(rng, num_layers)
-    params = {"layers": [init_encoder_layer(k, d_model, d_ff, dtype) for k in keys]}
+    params = {"layers": [init_layer(k, d_model, d_ff, dtype) for k in keys]}
     if final_norm:
         params["norm"] = init_layer_norm(d_model, dtype)
     return params
@@ -183,9 +189,10 @@ class _Sublayers:
 # dropout masks
 
 
-def _draw_missing(masks, shapes, dropout_p, rng):
+def _draw_missing(masks, shapes, dropout_p, rng, sites=DROPOUT_SITES):
     """The sites without a given keep-mask, each drawn from its own split of
-    ``rng`` (in ``DROPOUT_SITES`` order); JAX has no global generator."""
+    ``rng`` (split in ``sites`` order: ``DROPOUT_SITES`` here, the decoder
+    passes ``DECODER_DROPOUT_SITES``); JAX has no global generator."""
     missing = [site for site, m in masks.items() if m is None]
     if dropout_p == 0 or not missing:
         return masks
@@ -194,6 +201,6 @@ def _draw_missing(masks, shapes, dropout_p, rng):
             f"rng: expected a JAX PRNG key (or explicit dropout_masks for every site) when "
             f"dropout_p > 0; here dropout_p={dropout_p}, missing {missing}, got None"
         )
-    keys = dict(zip(DROPOUT_SITES, jax.random.split(_key(rng), len(DROPOUT_SITES))))
+    keys = dict(zip(sites, jax.random.split(_key(rng), len(sites))))
     return {**masks, **{site: jax.random.bernoulli(keys[site], 1.0 - dropout_p, shapes[site])
                         for site in missing}}

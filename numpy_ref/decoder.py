@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import _generator, float_dtype, rules
+from ._checks import _generator, rules
 from ._contract.checks import DECODER_DROPOUT_SITES, DECODER_LAYER_KEYS  # noqa: F401  (the tables)
 from .attention import (
     init_multi_head_attention,
     multi_head_attention,
     multi_head_attention_backward,
 )
-from .encoder import _draw_missing, _Sublayers
+from .encoder import _draw_missing, _init_stack, _Sublayers
 from .layers import (
     dropout,
     dropout_backward,
@@ -168,12 +168,7 @@ def init_decoder_layer(rng, d_model, d_ff, dtype=np.float64):
 
 def init_decoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=np.float64):
     """``{"layers": [num_layers layer params], "norm"?: layer-norm params}``."""
-    rng, dtype = _generator(rng), float_dtype(dtype)
-    rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
-    params = {"layers": [init_decoder_layer(rng, d_model, d_ff, dtype) for _ in range(num_layers)]}
-    if final_norm:
-        params["norm"] = init_layer_norm(d_model, dtype)
-    return params
+    return _init_stack(init_decoder_layer, rng, num_layers, d_model, d_ff, final_norm, dtype)
 
 
 # --------------------------------------------------------------------------

@@ -128,9 +128,15 @@ def init_encoder_layer(rng, d_model, d_ff, dtype=np.float64):
 
 def init_encoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=np.float64):
     """``{"layers": [num_layers layer params], "norm"?: layer-norm params}``."""
+    return _init_stack(init_encoder_layer, rng, num_layers, d_model, d_ff, final_norm, dtype)
+
+
+def _init_stack(init_layer, rng, num_layers, d_model, d_ff, final_norm, dtype):
+    """``{"layers": [num_layers init_layer(...)], "norm"?: ...}``, the layers drawn in turn
+    from ``rng``: the body of :func:`init_encoder` and ``init_decoder``."""
     rng, dtype = _generator(rng), float_dtype(dtype)
     rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
-    params = {"layers": [init_encoder_layer(rng, d_model, d_ff, dtype) for _ in range(num_layers)]}
+    params = {"layers": [init_layer(rng, d_model, d_ff, dtype) for _ in range(num_layers)]}
     if final_norm:
         params["norm"] = init_layer_norm(d_model, dtype)
     return params

@@ -35,18 +35,15 @@ Shape letters: ``B`` batch, ``H`` heads, ``L`` target length, ``S`` source
 """
 from __future__ import annotations
 
-from torch import nn
-
 from numpy_ref._contract.checks import ACTIVATIONS
 
 from ._checks import _generator, float_dtype, rules
 from .attention import MultiHeadAttention, init_multi_head_attention, multi_head_attention
 from .cache import decoder_layer_step, decoder_step, init_decoder_cache, init_decoder_layer_cache
+from .encoder import _init_stack, _Layer, _Stack
 from .layers import (
     FeedForward,
     LayerNorm,
-    _CanonicalModule,
-    _tensors,
     dropout,
     feed_forward,
     init_feed_forward,
@@ -181,12 +178,8 @@ def init_decoder_layer(rng, d_model, d_ff, dtype=None, device=None):
 def init_decoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=None, device=None):
     """``{"layers": [num_layers decoder-layer params], "norm"?: layer-norm params}``."""
     rng, dtype = _generator(rng), float_dtype(dtype)
-    rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
-    params = {"layers": [init_decoder_layer(rng, d_model, d_ff, dtype, device)
-                         for _ in range(num_layers)]}
-    if final_norm:
-        params["norm"] = init_layer_norm(d_model, dtype, device)
-    return params
+    return _init_stack(init_decoder_layer, rng, num_layers, d_model, d_ff, final_norm, dtype,
+                       device)
 
 
 # --------------------------------------------------------------------------
@@ -235,7 +228,7 @@ class _Sublayers:
 # modules
 
 
-class TransformerDecoderLayer(_CanonicalModule):
+class TransformerDecoderLayer(_Layer):
     """:func:`decoder_layer` as a module: submodules ``self_attn``,
     ``cross_attn``, ``ffn``, ``norm1``, ``norm2``, ``norm3`` (``state_dict()``
     keys ``self_attn.w_q``, ..., ``norm3.beta``). Dropout at all six sites in
@@ -252,13 +245,11 @@ class TransformerDecoderLayer(_CanonicalModule):
       dtype, device: of the parameters.
     """
 
+    _BLOCKS = _LAYER_BLOCKS
+
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, activation="relu",
                  norm_first=False, eps=1e-5, *, dtype=None, device=None):
-        super().__init__()
-        rules.choice(activation, "activation", ACTIVATIONS)
-        rules.probability(dropout, "dropout")
-        self.num_heads, self.dropout, self.activation = num_heads, float(dropout), activation
-        self.norm_first, self.eps = norm_first, eps
+        super().__init__(num_heads, dropout, activation, norm_first, eps)
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, dtype=dtype, device=device)
         self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout, dtype=dtype, device=device)
         self.ffn = FeedForward(d_model, d_ff, activation, dropout, dtype=dtype, device=device)
@@ -293,25 +284,8 @@ class TransformerDecoderLayer(_CanonicalModule):
                                   norm_first=self.norm_first, activation=self.activation,
                                   eps=self.eps)
 
-    def params(self):
-        return {name: getattr(self, name).params() for name in _LAYER_BLOCKS}
 
-    @classmethod
-    def from_params(cls, params, num_heads, dropout=0.1, activation="relu", norm_first=False,
-                    eps=1e-5):
-        """A module holding a copy of the nested decoder-layer params."""
-        params = _tensors(params)
-        w_1 = params["ffn"]["w_1"]
-        module = cls(w_1.shape[0], num_heads, w_1.shape[1], dropout, activation, norm_first, eps,
-                     dtype=w_1.dtype, device=w_1.device)
-        return module.load_params(params)
-
-    def extra_repr(self):
-        return (f"num_heads={self.num_heads}, dropout={self.dropout}, "
-                f"activation={self.activation!r}, norm_first={self.norm_first}, eps={self.eps}")
-
-
-class TransformerDecoder(_CanonicalModule):
+class TransformerDecoder(_Stack):
     """:func:`decoder` as a module: ``layers`` (an ``nn.ModuleList`` of
     :class:`TransformerDecoderLayer`) and, iff ``final_norm``, ``norm``
     (``state_dict()`` keys ``layers.0.self_attn.w_q``, ..., ``norm.gamma``).
@@ -326,18 +300,11 @@ class TransformerDecoder(_CanonicalModule):
 
     def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, activation="relu",
                  norm_first=False, eps=1e-5, final_norm=False, *, dtype=None, device=None):
-        super().__init__()
-        rules.choice(activation, "activation", ACTIVATIONS)
+        rules.choice(activation, "activation", ACTIVATIONS)  # checked even for zero layers
         rules.probability(dropout, "dropout")
-        self.num_heads, self.dropout, self.activation = num_heads, float(dropout), activation
-        self.norm_first, self.eps = norm_first, eps
+        super().__init__(TransformerDecoderLayer, num_layers, d_model, num_heads, d_ff, dropout,
+                         activation, norm_first, eps, final_norm, dtype=dtype, device=device)
         self.d_model, self.d_ff = d_model, d_ff
-        self.layers = nn.ModuleList(
-            TransformerDecoderLayer(d_model, num_heads, d_ff, dropout, activation, norm_first, eps,
-                                    dtype=dtype, device=device)
-            for _ in range(num_layers)
-        )
-        self.norm = LayerNorm(d_model, eps, dtype=dtype, device=device) if final_norm else None
 
     def reset_parameters(self, rng=None):
         """Redraw as :func:`init_decoder`."""
@@ -365,24 +332,3 @@ class TransformerDecoder(_CanonicalModule):
         ``cache`` is not modified. Eval semantics: no dropout, even in ``train()``."""
         return decoder_step(x, cache, self.params(), self.num_heads, memory_mask=memory_mask,
                             norm_first=self.norm_first, activation=self.activation, eps=self.eps)
-
-    def params(self):
-        params = {"layers": [layer.params() for layer in self.layers]}
-        if self.norm is not None:
-            params["norm"] = self.norm.params()
-        return params
-
-    @classmethod
-    def from_params(cls, params, num_heads, dropout=0.1, activation="relu", norm_first=False,
-                    eps=1e-5):
-        """A module holding a copy of ``{"layers": [...], "norm"?: ...}`` (at least one layer)."""
-        params = _tensors(params)
-        w_1 = params["layers"][0]["ffn"]["w_1"]
-        module = cls(len(params["layers"]), w_1.shape[0], num_heads, w_1.shape[1], dropout,
-                     activation, norm_first, eps, final_norm="norm" in params,
-                     dtype=w_1.dtype, device=w_1.device)
-        return module.load_params(params)
-
-    def extra_repr(self):
-        return (f"num_heads={self.num_heads}, dropout={self.dropout}, "
-                f"activation={self.activation!r}, norm_first={self.norm_first}, eps={self.eps}")

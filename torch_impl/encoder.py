@@ -137,9 +137,15 @@ def init_encoder_layer(rng, d_model, d_ff, dtype=None, device=None):
 def init_encoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=None, device=None):
     """``{"layers": [num_layers layer params], "norm"?: layer-norm params}``."""
     rng = _generator(rng)
+    return _init_stack(init_encoder_layer, rng, num_layers, d_model, d_ff, final_norm, dtype,
+                       device)
+
+
+def _init_stack(init_layer, rng, num_layers, d_model, d_ff, final_norm, dtype, device):
+    """``{"layers": [num_layers init_layer(...)], "norm"?: ...}``, the layers drawn in turn
+    from ``rng`` (a ``torch.Generator``): the body of :func:`init_encoder` and ``init_decoder``."""
     rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
-    params = {"layers": [init_encoder_layer(rng, d_model, d_ff, dtype, device)
-                         for _ in range(num_layers)]}
+    params = {"layers": [init_layer(rng, d_model, d_ff, dtype, device) for _ in range(num_layers)]}
     if final_norm:
         params["norm"] = init_layer_norm(d_model, dtype, device)
     return params
@@ -188,7 +194,81 @@ class _Sublayers:
 # modules
 
 
-class TransformerEncoderLayer(_CanonicalModule):
+class _Configured(_CanonicalModule):
+    """What a layer module and a stack module share: the configuration every
+    layer reads (``num_heads``, ``dropout``, ``activation``, ``norm_first``,
+    ``eps``) and its ``repr``. The encoder's and the decoder's modules build on it."""
+
+    def _configure(self, num_heads, dropout, activation, norm_first, eps):
+        self.num_heads, self.dropout, self.activation = num_heads, float(dropout), activation
+        self.norm_first, self.eps = norm_first, eps
+
+    def extra_repr(self):
+        return (f"num_heads={self.num_heads}, dropout={self.dropout}, "
+                f"activation={self.activation!r}, norm_first={self.norm_first}, eps={self.eps}")
+
+
+class _Layer(_Configured):
+    """A layer module whose submodules are the blocks named in ``_BLOCKS``
+    (``params()`` keys, in ``state_dict()`` order); the subclass builds them
+    after checking and storing the configuration here."""
+
+    _BLOCKS = ()
+
+    def __init__(self, num_heads, dropout, activation, norm_first, eps):
+        super().__init__()
+        rules.choice(activation, "activation", ACTIVATIONS)
+        rules.probability(dropout, "dropout")
+        self._configure(num_heads, dropout, activation, norm_first, eps)
+
+    def params(self):
+        return {name: getattr(self, name).params() for name in self._BLOCKS}
+
+    @classmethod
+    def from_params(cls, params, num_heads, dropout=0.1, activation="relu", norm_first=False,
+                    eps=1e-5):
+        """A module holding a copy of the nested layer params."""
+        params = _tensors(params)
+        w_1 = params["ffn"]["w_1"]
+        module = cls(w_1.shape[0], num_heads, w_1.shape[1], dropout, activation, norm_first, eps,
+                     dtype=w_1.dtype, device=w_1.device)
+        return module.load_params(params)
+
+
+class _Stack(_Configured):
+    """A stack module: ``layers`` (an ``nn.ModuleList`` of ``layer_cls``, all
+    with the same configuration) and, iff ``final_norm``, ``norm``."""
+
+    def __init__(self, layer_cls, num_layers, d_model, num_heads, d_ff, dropout, activation,
+                 norm_first, eps, final_norm, *, dtype, device):
+        super().__init__()
+        self._configure(num_heads, dropout, activation, norm_first, eps)
+        self.layers = nn.ModuleList(
+            layer_cls(d_model, num_heads, d_ff, dropout, activation, norm_first, eps,
+                      dtype=dtype, device=device)
+            for _ in range(num_layers)
+        )
+        self.norm = LayerNorm(d_model, eps, dtype=dtype, device=device) if final_norm else None
+
+    def params(self):
+        params = {"layers": [layer.params() for layer in self.layers]}
+        if self.norm is not None:
+            params["norm"] = self.norm.params()
+        return params
+
+    @classmethod
+    def from_params(cls, params, num_heads, dropout=0.1, activation="relu", norm_first=False,
+                    eps=1e-5):
+        """A module holding a copy of ``{"layers": [...], "norm"?: ...}`` (at least one layer)."""
+        params = _tensors(params)
+        w_1 = params["layers"][0]["ffn"]["w_1"]
+        module = cls(len(params["layers"]), w_1.shape[0], num_heads, w_1.shape[1], dropout,
+                     activation, norm_first, eps, final_norm="norm" in params,
+                     dtype=w_1.dtype, device=w_1.device)
+        return module.load_params(params)
+
+
+class TransformerEncoderLayer(_Layer):
     """:func:`encoder_layer` as a module: submodules ``self_attn``, ``ffn``,
     ``norm1``, ``norm2`` (``state_dict()`` keys ``self_attn.w_q``, ...,
     ``norm2.beta``). Dropout at all four sites in ``train()``, none in ``eval()``.
@@ -204,13 +284,11 @@ class TransformerEncoderLayer(_CanonicalModule):
       dtype, device: of the parameters.
     """
 
+    _BLOCKS = LAYER_KEYS
+
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, activation="relu",
                  norm_first=False, eps=1e-5, *, dtype=None, device=None):
-        super().__init__()
-        rules.choice(activation, "activation", ACTIVATIONS)
-        rules.probability(dropout, "dropout")
-        self.num_heads, self.dropout, self.activation = num_heads, float(dropout), activation
-        self.norm_first, self.eps = norm_first, eps
+        super().__init__(num_heads, dropout, activation, norm_first, eps)
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, dtype=dtype, device=device)
         self.ffn = FeedForward(d_model, d_ff, activation, dropout, dtype=dtype, device=device)
         self.norm1 = LayerNorm(d_model, eps, dtype=dtype, device=device)
@@ -230,25 +308,8 @@ class TransformerEncoderLayer(_CanonicalModule):
             need_weights=need_weights,
         )
 
-    def params(self):
-        return {name: getattr(self, name).params() for name in LAYER_KEYS}
 
-    @classmethod
-    def from_params(cls, params, num_heads, dropout=0.1, activation="relu", norm_first=False,
-                    eps=1e-5):
-        """A module holding a copy of the nested layer params."""
-        params = _tensors(params)
-        w_1 = params["ffn"]["w_1"]
-        module = cls(*w_1.shape[:1], num_heads, w_1.shape[1], dropout, activation, norm_first,
-                     eps, dtype=w_1.dtype, device=w_1.device)
-        return module.load_params(params)
-
-    def extra_repr(self):
-        return (f"num_heads={self.num_heads}, dropout={self.dropout}, "
-                f"activation={self.activation!r}, norm_first={self.norm_first}, eps={self.eps}")
-
-
-class TransformerEncoder(_CanonicalModule):
+class TransformerEncoder(_Stack):
     """:func:`encoder` as a module: ``layers`` (an ``nn.ModuleList`` of
     :class:`TransformerEncoderLayer`) and, iff ``final_norm``, ``norm``
     (``state_dict()`` keys ``layers.0.self_attn.w_q``, ..., ``norm.gamma``).
@@ -263,15 +324,8 @@ class TransformerEncoder(_CanonicalModule):
 
     def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, activation="relu",
                  norm_first=False, eps=1e-5, final_norm=False, *, dtype=None, device=None):
-        super().__init__()
-        self.num_heads, self.dropout, self.activation = num_heads, float(dropout), activation
-        self.norm_first, self.eps = norm_first, eps
-        self.layers = nn.ModuleList(
-            TransformerEncoderLayer(d_model, num_heads, d_ff, dropout, activation, norm_first, eps,
-                                    dtype=dtype, device=device)
-            for _ in range(num_layers)
-        )
-        self.norm = LayerNorm(d_model, eps, dtype=dtype, device=device) if final_norm else None
+        super().__init__(TransformerEncoderLayer, num_layers, d_model, num_heads, d_ff, dropout,
+                         activation, norm_first, eps, final_norm, dtype=dtype, device=device)
 
     def reset_parameters(self, rng=None):
         """Redraw as :func:`init_encoder`."""
@@ -288,24 +342,3 @@ class TransformerEncoder(_CanonicalModule):
             dropout_p=self.dropout if self.training else 0.0, dropout_masks=dropout_masks,
             need_weights=need_weights,
         )
-
-    def params(self):
-        params = {"layers": [layer.params() for layer in self.layers]}
-        if self.norm is not None:
-            params["norm"] = self.norm.params()
-        return params
-
-    @classmethod
-    def from_params(cls, params, num_heads, dropout=0.1, activation="relu", norm_first=False,
-                    eps=1e-5):
-        """A module holding a copy of ``{"layers": [...], "norm"?: ...}``."""
-        params = _tensors(params)
-        w_1 = params["layers"][0]["ffn"]["w_1"]
-        module = cls(len(params["layers"]), w_1.shape[0], num_heads, w_1.shape[1], dropout,
-                     activation, norm_first, eps, final_norm="norm" in params,
-                     dtype=w_1.dtype, device=w_1.device)
-        return module.load_params(params)
-
-    def extra_repr(self):
-        return (f"num_heads={self.num_heads}, dropout={self.dropout}, "
-                f"activation={self.activation!r}, norm_first={self.norm_first}, eps={self.eps}")

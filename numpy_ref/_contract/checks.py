@@ -249,13 +249,26 @@ class Rules(ArrayRules):
         if mask is not None:
             self.array(mask, "mask")
         self._mask(mask, "mask", x, "x", (B, H, L, L), ("B", "H", "L", "L"))
+        self._layer_settings(norm_first, activation, eps)
+        self.probability(dropout_p, "dropout_p")
+
+    def _layer_settings(self, norm_first, activation, eps) -> None:
+        """The settings every layer reads: ``norm_first`` a bool, ``activation``
+        one of ``ACTIVATIONS``, ``eps`` a layer-norm epsilon."""
         self.flag(norm_first, "norm_first")
         self.choice(activation, "activation", ACTIVATIONS)
         self.eps(eps)
-        self.probability(dropout_p, "dropout_p")
 
     def _site_masks(self, dropout_masks, name, shapes, ref, sites=DROPOUT_SITES) -> dict:
         """The sites' keep-masks from a dict (or None): known keys, bool, exact shapes."""
+        dropout_masks = self._site_dict(dropout_masks, name, sites)
+        masks = {site: dropout_masks.get(site) for site in sites}
+        for site, m in masks.items():
+            self._keep_mask(m, f'{name}["{site}"]', shapes[site], ref, "x")
+        return masks
+
+    def _site_dict(self, dropout_masks, name, sites) -> Mapping:
+        """``dropout_masks`` as a dict (None: empty) whose keys are all among ``sites``."""
         if dropout_masks is None:
             dropout_masks = {}
         if not isinstance(dropout_masks, Mapping):
@@ -265,15 +278,15 @@ class Rules(ArrayRules):
         if unknown:
             raise ValueError(f"{name}: unknown dropout site(s) {unknown}; "
                              f"expected keys among {list(sites)}")
-        masks = {site: dropout_masks.get(site) for site in sites}
-        for site, m in masks.items():
-            if m is not None:
-                where = f'{name}["{site}"]'
-                self.array(m, where)
-                self.bool_(m, where)
-                self.exact_shape(m, where, shapes[site])
-                self.same_device(m, where, ref, "x")
-        return masks
+        return dropout_masks
+
+    def _keep_mask(self, m, where, shape, ref, ref_name) -> None:
+        """One site's keep-mask, if given: a bool array of exactly ``shape`` on ``ref``'s device."""
+        if m is not None:
+            self.array(m, where)
+            self.bool_(m, where)
+            self.exact_shape(m, where, shape)
+            self.same_device(m, where, ref, ref_name)
 
     def _mask(self, mask, name, ref, ref_name, target, letters) -> None:
         if mask is None:
@@ -516,9 +529,7 @@ class Rules(ArrayRules):
                 self.array(m, name)
         self._mask(self_mask, "self_mask", x, "x", (B, H, L, L), ("B", "H", "L", "L"))
         self._mask(memory_mask, "memory_mask", x, "x", (B, H, L, S), ("B", "H", "L", "S"))
-        self.flag(norm_first, "norm_first")
-        self.choice(activation, "activation", ACTIVATIONS)
-        self.eps(eps)
+        self._layer_settings(norm_first, activation, eps)
         self.probability(dropout_p, "dropout_p")
 
     def _stack(self, params, prefix) -> list:
@@ -553,16 +564,20 @@ class Rules(ArrayRules):
     def _stack_leaves(self, params, prefix, blocks, D, ref, ref_name) -> list:
         """Every layer of a stack (``<prefix>.layers.<i>``) and its final norm, in
         ``ref``'s dtype and on its device, of width ``D``; returns each layer's ``F``."""
-        widths = []
-        for i, layer in enumerate(self._stack(params, prefix)):
-            where = f"{prefix}.layers.{i}"
-            named = self._layer_leaves(layer, where, blocks)
-            self.same_float_dtype({ref_name: ref, **named})
-            widths.append(self._layer_shapes(named, where, D, blocks))
-            for name, y in named.items():
-                self.same_device(y, name, ref, ref_name)
+        widths = [self._layer_on(layer, f"{prefix}.layers.{i}", blocks, D, ref, ref_name)
+                  for i, layer in enumerate(self._stack(params, prefix))]
         self._final_norm(params, prefix, ref, ref_name, D)
         return widths
+
+    def _layer_on(self, params, prefix, blocks, D, ref, ref_name) -> int:
+        """One layer's params (exactly ``blocks``) in ``ref``'s dtype and on its
+        device, of width ``D``; returns its ``F``."""
+        named = self._layer_leaves(params, prefix, blocks)
+        self.same_float_dtype({ref_name: ref, **named})
+        F = self._layer_shapes(named, prefix, D, blocks)
+        for name, y in named.items():
+            self.same_device(y, name, ref, ref_name)
+        return F
 
     # ---- the KV cache (SPEC 3.20) ---------------------------------------------
 
@@ -596,16 +611,17 @@ class Rules(ArrayRules):
         self.float_(memory, "memory")
         self.shape(memory, "memory", ("B", "S", "D"))
         D = int(memory.shape[2])
-        if layer:
-            named = self._layer_leaves(params, "params", _DECODER_BLOCKS)
-            self.same_float_dtype({"memory": memory, **named})
-            self._layer_shapes(named, "params", D, _DECODER_BLOCKS)
-            for name, y in named.items():
-                self.same_device(y, name, memory, "memory")
-        else:
-            self._stack_leaves(params, "params", _DECODER_BLOCKS, D, memory, "memory")
+        self._decoder_params(params, layer, D, memory, "memory")
         self.heads(num_heads, D)
         return self.count(capacity, "capacity")
+
+    def _decoder_params(self, params, layer, D, ref, ref_name):
+        """One decoder layer's params (``layer=True``) or a decoder stack's, with
+        ``ref``'s float dtype and device; returns the number of layers (None for one layer)."""
+        if layer:
+            self._layer_on(params, "params", _DECODER_BLOCKS, D, ref, ref_name)
+            return None
+        return len(self._stack_leaves(params, "params", _DECODER_BLOCKS, D, ref, ref_name))
 
     def decoder_step(self, x, cache, params, num_heads, memory_mask, norm_first, activation, eps,
                      layer=False) -> None:
@@ -617,15 +633,7 @@ class Rules(ArrayRules):
         self.float_(x, "x")
         self.shape(x, "x", ("B", "T", "D"))
         B, T, D = (int(n) for n in x.shape)
-        if layer:
-            named = self._layer_leaves(params, "params", _DECODER_BLOCKS)
-            self.same_float_dtype({"x": x, **named})
-            self._layer_shapes(named, "params", D, _DECODER_BLOCKS)
-            for name, y in named.items():
-                self.same_device(y, name, x, "x")
-            n_layers = None
-        else:
-            n_layers = len(self._stack_leaves(params, "params", _DECODER_BLOCKS, D, x, "x"))
+        n_layers = self._decoder_params(params, layer, D, x, "x")
         H = self.heads(num_heads, D)
         S = self._decoder_cache(cache, x, B, H, D // H, T, n_layers)
         if memory_mask is not None:
@@ -634,9 +642,7 @@ class Rules(ArrayRules):
                 self.bool_(memory_mask, "memory_mask")
             else:
                 self._mask(memory_mask, "memory_mask", x, "x", (B, H, T, S), ("B", "H", "T", "S"))
-        self.flag(norm_first, "norm_first")
-        self.choice(activation, "activation", ACTIVATIONS)
-        self.eps(eps)
+        self._layer_settings(norm_first, activation, eps)
 
     def decoder_incremental(self, x, memory, params, num_heads, chunks, memory_mask, norm_first,
                             activation, eps) -> tuple:
@@ -747,28 +753,13 @@ class Rules(ArrayRules):
             self.same_device(lengths, name, src, "src")
         self._params_on(params, src)
         H = self.heads(num_heads, D)
-        self.flag(norm_first, "norm_first")
-        self.choice(activation, "activation", ACTIVATIONS)
-        self.eps(eps)
+        self._layer_settings(norm_first, activation, eps)
         self.probability(dropout_p, "dropout_p")
-        if dropout_masks is None:
-            dropout_masks = {}
-        if not isinstance(dropout_masks, Mapping):
-            raise TypeError(f"dropout_masks: expected a dict keyed by {list(TRANSFORMER_DROPOUT_SITES)} "
-                            f"or None, got {_type_str(dropout_masks)}")
-        unknown = sorted(str(k) for k in dropout_masks if k not in TRANSFORMER_DROPOUT_SITES)
-        if unknown:
-            raise ValueError(f"dropout_masks: unknown dropout site(s) {unknown}; "
-                             f"expected keys among {list(TRANSFORMER_DROPOUT_SITES)}")
+        dropout_masks = self._site_dict(dropout_masks, "dropout_masks", TRANSFORMER_DROPOUT_SITES)
         masks = {}
         for site, shape in (("src_embed", (B, S, D)), ("tgt_embed", (B, L, D))):
-            m = masks[site] = dropout_masks.get(site)
-            if m is not None:
-                where = f'dropout_masks["{site}"]'
-                self.array(m, where)
-                self.bool_(m, where)
-                self.exact_shape(m, where, shape)
-                self.same_device(m, where, src, "src")
+            masks[site] = dropout_masks.get(site)
+            self._keep_mask(masks[site], f'dropout_masks["{site}"]', shape, src, "src")
         for stack, blocks, sites, shapes in (
             ("encoder", _ENCODER_BLOCKS, DROPOUT_SITES,
              lambda F: {"attention": (B, H, S, S), "ffn": (B, S, F), "residual_attn": (B, S, D),
@@ -804,9 +795,7 @@ class Rules(ArrayRules):
         max_len = self.count(max_len, "max_len")
         if use_cache is not None:
             self.flag(use_cache, "use_cache")
-        self.flag(norm_first, "norm_first")
-        self.choice(activation, "activation", ACTIVATIONS)
-        self.eps(eps)
+        self._layer_settings(norm_first, activation, eps)
         if temperature is not None:
             value = self.number(temperature, "temperature", static=True)
             if not (value > 0 and math.isfinite(value)):
