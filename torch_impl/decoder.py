@@ -35,8 +35,6 @@ Shape letters: ``B`` batch, ``H`` heads, ``L`` target length, ``S`` source
 """
 from __future__ import annotations
 
-from numpy_ref._contract.checks import ACTIVATIONS
-
 from ._checks import _generator, float_dtype, rules
 from .attention import MultiHeadAttention, init_multi_head_attention, multi_head_attention
 from .cache import decoder_layer_step, decoder_step, init_decoder_cache, init_decoder_layer_cache
@@ -300,8 +298,6 @@ class TransformerDecoder(_Stack):
 
     def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, activation="relu",
                  norm_first=False, eps=1e-5, final_norm=False, *, dtype=None, device=None):
-        rules.choice(activation, "activation", ACTIVATIONS)  # checked even for zero layers
-        rules.probability(dropout, "dropout")
         super().__init__(TransformerDecoderLayer, num_layers, d_model, num_heads, d_ff, dropout,
                          activation, norm_first, eps, final_norm, dtype=dtype, device=device)
         self.d_model, self.d_ff = d_model, d_ff

@@ -242,6 +242,8 @@ class _Stack(_Configured):
     def __init__(self, layer_cls, num_layers, d_model, num_heads, d_ff, dropout, activation,
                  norm_first, eps, final_norm, *, dtype, device):
         super().__init__()
+        rules.choice(activation, "activation", ACTIVATIONS)  # checked even for zero layers
+        rules.probability(dropout, "dropout")
         self._configure(num_heads, dropout, activation, norm_first, eps)
         self.layers = nn.ModuleList(
             layer_cls(d_model, num_heads, d_ff, dropout, activation, norm_first, eps,
