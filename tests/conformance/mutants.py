@@ -180,10 +180,16 @@ def _sinusoidal(layout):
 
 
 def _causal(relation):
-    def causal_mask(Lq, Lk=None):
-        Lq, Lk = rules.causal_mask(Lq, Lk)
-        return relation(np.arange(Lk)[None, :], np.arange(Lq)[:, None], Lq, Lk)  # (Lq, Lk)
+    """A ``causal_mask`` whose ``mask[i, j]`` is ``relation(j, i, Lq, Lk, align)``."""
+    def causal_mask(Lq, Lk=None, *, align="top_left"):
+        Lq, Lk, align = rules.causal_mask(Lq, Lk, align)
+        return relation(np.arange(Lk)[None, :], np.arange(Lq)[:, None], Lq, Lk, align)  # (Lq, Lk)
     return causal_mask
+
+
+def _shift(Lq, Lk, align):
+    """Where query 0 sits: 0 top-left, ``Lk - Lq`` bottom-right (SPEC 3.19)."""
+    return 0 if align == "top_left" else Lk - Lq
 
 
 def _padding_off_by_one(original):
@@ -267,6 +273,8 @@ def _encoder_layer_no_attn_residual(x, params, num_heads, *, mask=None, norm_fir
 # the catalog of mutants
 
 #: cases by what they exercise (names of conformance/cases.py), to derive catches from
+BOTTOM_RIGHT = {"masks/causal/bottom-right/wide", "masks/causal/bottom-right/tall",
+                "masks/causal/bottom-right/square"}
 SDPA_PLAIN = {"sdpa/cross/none", "sdpa/cross/padding", "sdpa/cross/causal", "sdpa/self/causal"}
 MHA_PLAIN = {"mha/self/none", "mha/cross/none", "mha/cross/padding", "mha/cross/causal"}
 ENC_LAYERS = {"encoder_layer/post/relu", "encoder_layer/pre/relu", "encoder_layer/post/gelu",
@@ -329,16 +337,21 @@ MUTANTS = [
        FULLY_MASKED | {"sdpa/cross/mask_to_bias", "mha/cross/mask_to_bias", "softmax/neg-inf"},
        spares=PADDING | {"sdpa/length0/key"}),
     _m("mask/causal-diagonal-excluded", "causal mask j < i: a query cannot see itself", "masks.causal_mask",
-       _const(_causal(lambda j, i, Lq, Lk: j < i)),
-       {"masks/causal/square", "masks/causal/wide", "masks/causal/tall", "masks/causal/length1"}),
+       _const(_causal(lambda j, i, Lq, Lk, a: j < i + _shift(Lq, Lk, a))),
+       {"masks/causal/square", "masks/causal/wide", "masks/causal/tall", "masks/causal/length1"} | BOTTOM_RIGHT),
     _m("mask/causal-transposed", "causal mask transposed (j >= i, upper triangle)", "masks.causal_mask",
-       _const(_causal(lambda j, i, Lq, Lk: j >= i)),
-       {"masks/causal/square", "masks/causal/wide", "masks/causal/tall"},
+       _const(_causal(lambda j, i, Lq, Lk, a: j >= i + _shift(Lq, Lk, a))),
+       {"masks/causal/square", "masks/causal/wide", "masks/causal/tall"} | BOTTOM_RIGHT,
        spares={"masks/causal/length1"}),  # 1 x 1: the diagonal only
-    _m("mask/causal-bottom-right", "causal mask aligned bottom-right (j <= i + Lk - Lq)", "masks.causal_mask",
-       _const(_causal(lambda j, i, Lq, Lk: j <= i + (Lk - Lq))),
+    _m("mask/causal-bottom-right", "causal mask aligned bottom-right whatever align asks (j <= i + Lk - Lq)",
+       "masks.causal_mask", _const(_causal(lambda j, i, Lq, Lk, a: j <= i + (Lk - Lq))),
        {"masks/causal/wide", "masks/causal/tall"},
-       spares={"masks/causal/square", "masks/causal/length1"}),  # Lq = Lk: both alignments agree
+       spares={"masks/causal/square", "masks/causal/length1"} | BOTTOM_RIGHT),  # Lq = Lk: both agree
+    _m("mask/causal-align-ignored", "align ignored: always top-left (j <= i), as before SPEC 1.2",
+       "masks.causal_mask", _const(_causal(lambda j, i, Lq, Lk, a: j <= i)),
+       {"masks/causal/bottom-right/wide", "masks/causal/bottom-right/tall"},
+       spares={"masks/causal/square", "masks/causal/wide", "masks/causal/tall", "masks/causal/length1",
+               "masks/causal/bottom-right/square"}),
     _m("mask/padding-off-by-one", "padding mask j <= length instead of j < length", "masks.padding_mask",
        _padding_off_by_one,
        {"masks/padding/lengths", "masks/padding/lengths+max_len", "masks/padding/zero-length"},
