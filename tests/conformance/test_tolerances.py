@@ -462,7 +462,7 @@ def test_the_calibration_rule_is_one_and_a_half_times_the_worst_declared_ratio()
     """``python -m conformance.calibrate`` turns measured ratios into K by the
     published rule; an undeclared dtype counts only for float16 and only for a
     backend following the half-precision recipe."""
-    from conformance.calibrate import rule, summarize
+    from conformance.calibrate import counted, rule, summarize
 
     def row(backend, dtype, kind, ratio, declared, scale=None):
         return {"backend": backend, "dtype": dtype, "kind": kind, "case": "c", "array": "a",
@@ -475,6 +475,13 @@ def test_the_calibration_rule_is_one_and_a_half_times_the_worst_declared_ratio()
     got = rule(summarize(rows), recipe=("numpy", "torch", "jax"))
     assert got["K"] == {"float32": {"out": 3.1}, "bfloat16": {"out": 1.5}, "float16": {"grad": 6.0}}
     assert got["zero"] == 0.9
+    # gradients through a KV cache in an undeclared float16 do not follow the recipe across
+    # steps (autodiff adds each step's share in float16): they do not count, even when worst
+    through_cache = {**row("jax", "float16", "grad", 40.0, False), "case": "decoder/incremental/one-pass"}
+    got = rule(summarize(counted(rows + [through_cache], ("numpy", "torch", "jax"))))
+    assert got["K"]["float16"] == {"grad": 6.0}
+    declared = {**through_cache, "dtype": "bfloat16", "declared": True}  # declared: it counts
+    assert rule(summarize(counted(rows + [declared])))["K"]["bfloat16"]["grad"] == 60.0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
