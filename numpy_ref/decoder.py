@@ -61,7 +61,7 @@ __all__ = [
 
 def decoder_layer(x, memory, params, num_heads, *, self_mask=None, memory_mask=None,
                   norm_first=False, activation="relu", eps=1e-5, dropout_p=0.0,
-                  dropout_masks=None, rng=None, need_weights=False):
+                  dropout_masks=None, rng=None, return_weights=False):
     """One decoder layer: self-attention, cross-attention, feed-forward blocks.
 
     post-norm: ``h1 = norm1(x + drop(self_attn(x)))``,
@@ -92,17 +92,17 @@ def decoder_layer(x, memory, params, num_heads, *, self_mask=None, memory_mask=N
         ``(B, L, D)`` (bool keep-masks); missing sites are drawn from ``rng``
         in that order when ``dropout_p > 0``.
       rng: ``numpy.random.Generator`` or None (a fresh default generator).
-      need_weights: also return both attentions' weights.
+      return_weights: also return both attentions' weights.
 
     Returns:
-      ``out (B, L, D)``; with ``need_weights=True`` the tuple ``(out,
+      ``out (B, L, D)``; with ``return_weights=True`` the tuple ``(out,
       self_weights (B, H, L, L), cross_weights (B, H, L, S))``, the weights as
       :func:`multi_head_attention` returns them: the softmax before the
       attention dropout (0 in a fully masked row).
     """
     masks, shapes = rules.decoder_layer(  # SPEC 5: x, memory, every sublayer's params, the config, keep-masks
         x, memory, params, num_heads, self_mask, memory_mask, norm_first, activation, eps,
-        dropout_p, dropout_masks, need_weights)
+        dropout_p, dropout_masks, return_weights)
     masks = _draw_missing(masks, shapes, dropout_p, rng)
     s = _DecoderSublayers(params, num_heads, self_mask, memory, memory_mask, activation, eps,
                           dropout_p, masks)
@@ -118,7 +118,7 @@ def decoder_layer(x, memory, params, num_heads, *, self_mask=None, memory_mask=N
         c, cross_weights = s.cross_attn(h1)  # (B, L, D), (B, H, L, S)
         h2 = s.norm2(h1 + s.drop_cross(c))
         out = s.norm3(h2 + s.drop_ffn(s.ffn(h2)))
-    return (out, self_weights, cross_weights) if need_weights else out
+    return (out, self_weights, cross_weights) if return_weights else out
 
 
 def decoder(x, memory, params, num_heads, *, self_mask=None, memory_mask=None, norm_first=False,
@@ -237,7 +237,7 @@ class _DecoderSublayers(_Sublayers):
 
 def decoder_layer_backward(d_out, x, memory, params, num_heads, *, self_mask=None,
                            memory_mask=None, norm_first=False, activation="relu", eps=1e-5,
-                           dropout_p=0.0, dropout_masks=None, rng=None, need_weights=False):
+                           dropout_p=0.0, dropout_masks=None, rng=None, return_weights=False):
     """Gradient of :func:`decoder_layer`: the forward steps in reverse.
 
     A residual ``y = z + f(z)`` passes ``dz = dy + f'(z)ᵀ dy``; self-attention
@@ -246,11 +246,11 @@ def decoder_layer_backward(d_out, x, memory, params, num_heads, *, self_mask=Non
     sum of those two. ``dropout_p > 0`` needs ``dropout_masks`` for all six sites.
 
     Args:
-      d_out: cotangent of ``out`` ``(B, L, D)``; with ``need_weights=True``
+      d_out: cotangent of ``out`` ``(B, L, D)``; with ``return_weights=True``
         also a tuple ``(d_out, d_self_weights (B, H, L, L), d_cross_weights
         (B, H, L, S))``, either weight cotangent may be None.
       x, memory, params, num_heads, self_mask, memory_mask, norm_first,
-        activation, eps, dropout_p, dropout_masks, rng, need_weights: as for
+        activation, eps, dropout_p, dropout_masks, rng, return_weights: as for
         the forward (``rng`` unused: the backward never draws).
 
     Returns:
@@ -261,20 +261,20 @@ def decoder_layer_backward(d_out, x, memory, params, num_heads, *, self_mask=Non
     """
     masks, _ = rules.decoder_layer(  # SPEC 5
         x, memory, params, num_heads, self_mask, memory_mask, norm_first, activation, eps,
-        dropout_p, dropout_masks, need_weights)
+        dropout_p, dropout_masks, return_weights)
     rules.require_site_masks(masks, dropout_p, "dropout_masks")  # the forward's six keep-masks
-    d_out, d_self_weights, d_cross_weights = _layer_cotangents(d_out, x, memory, num_heads,
-                                                                need_weights)
+    d_out, d_self_weights, d_cross_weights = _layer_cotangents(
+        d_out, x, memory, num_heads, return_weights)  # x's dtype, out's and both weights' shapes
     return _decoder_layer_backward(d_out, d_self_weights, d_cross_weights, x, memory, params,
                                    num_heads, self_mask, memory_mask, norm_first, activation,
                                    eps, dropout_p, masks)
 
 
-def _layer_cotangents(d_out, x, memory, num_heads, need_weights):
-    """``d_out``, or with ``need_weights`` the triple ``(d_out, d_self_weights,
+def _layer_cotangents(d_out, x, memory, num_heads, return_weights):
+    """``d_out``, or with ``return_weights`` the triple ``(d_out, d_self_weights,
     d_cross_weights)``, checked with the shared rules; returns the triple."""
     d_self_weights = d_cross_weights = None
-    if need_weights and isinstance(d_out, (tuple, list)):
+    if return_weights and isinstance(d_out, (tuple, list)):
         if len(d_out) != 3:
             raise ValueError("d_out: expected an array or a triple (d_out, d_self_weights, "
                              f"d_cross_weights), got a {type(d_out).__name__} of length {len(d_out)}")
