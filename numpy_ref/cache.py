@@ -37,8 +37,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import float_dtype, rules
-from .attention import _merge_heads, _project_heads, _split_heads, scaled_dot_product_attention
 from ._contract.checks import DECODER_DROPOUT_SITES
+from .attention import _merge_heads, _project_heads, _split_heads, scaled_dot_product_attention
 from .decoder import _DecoderSublayers, decoder_backward
 from .layers import _matmul, layer_norm
 from .masks import causal_mask
@@ -111,9 +111,11 @@ def _self_attention_step(x, params, num_heads, cache):
     # 3) write their keys and values into slots [length, length + T) of a copy
     k_all = _written(cache["k"], k, length)  # (B, H, C, Dh)
     v_all = _written(cache["v"], v, length)  # (B, H, C, Dh)
-    # 4) attend: the query at position p = length + t sees the slots j <= p
+    # 4) attend: the query at position p = length + t sees the slots j <= p, which is
+    #    causal_mask(T, length + T, align="bottom_right") over the filled slots and
+    #    False beyond them: the slots [length + T, C) are seen by no query, so never read
     positions = length + np.arange(T)  # (T,)
-    mask = np.arange(C)[None, :] <= positions[:, None]  # (T, C): slots >= length + T never seen
+    mask = np.arange(C)[None, :] <= positions[:, None]  # (T, C)
     out = _attend(q, k_all, v_all, mask, params)  # (B, T, D)
     return out, {"k": k_all, "v": v_all, "length": np.array(length + T, dtype=np.int64)}
 

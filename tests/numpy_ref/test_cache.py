@@ -1,4 +1,4 @@
-"""numpy_ref.cache: the law of the KV cache, purity, unread slots, float32,
+"""numpy_ref.cache: the law of the KV cache, purity, unread slots, float32 and half,
 gradients, bad input.
 
 The law: a prefill of any length followed by steps of any sizes gives the
@@ -33,13 +33,14 @@ from numpy_ref import (
     padding_mask,
     self_attention_step,
 )
+from numpy_ref._checks import BFLOAT16
 from tests.dims import B, D, FF, H, LK, LQ
 
 from .fd import check_backward
 
 L, S = LQ, LK  # target 5, source 7
 SAMPLE = 16  # finite differences on 16 coordinates + 3 random directions per leaf (fd.py)
-LAW_TOL = 1e-12  # float64, the brief's figure for "the same function, other summation order"
+LAW_TOL = 1e-12  # the law of SPEC section 5 ("KV cache"): float64 to 1e-12
 
 SOURCE_LENGTHS = np.array([S, 4])  # sequence 1 of the memory is padded after 4 tokens
 MEMORY_PADDING = padding_mask(SOURCE_LENGTHS, S)  # (B, 1, 1, S)
@@ -52,6 +53,14 @@ def _perturbed(params, rng):
     if isinstance(params, list):
         return [_perturbed(v, rng) for v in params]
     return params + (0.1 * rng.standard_normal(params.shape)).astype(params.dtype)
+
+
+def _to_dtype(tree, dtype):
+    if isinstance(tree, dict):
+        return {k: _to_dtype(v, dtype) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_to_dtype(v, dtype) for v in tree)
+    return tree.astype(dtype)
 
 
 def _setup(seed, num_layers=2, final_norm=True, length=L):
@@ -336,38 +345,39 @@ def test_padded_memory_is_never_read():
 
 
 # --------------------------------------------------------------------------
-# float32
+# float32 and half precision
+
+
+LOW_DTYPES = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": pytest.param(BFLOAT16, marks=pytest.mark.skipif(BFLOAT16 is None, reason="needs ml_dtypes")),
+}
 
 
 @pytest.mark.parametrize("chunks", [(L,), (0, 1, 1, 1, 1, 1), (3, 2)], ids=["prefill", "singles", "3+2"])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-def test_float32_cached_pass_is_as_accurate_as_the_full_pass(norm_first, chunks):
-    """float32 has no 1e-12 law: the cached and the full pass round at other
-    places. Both are float32 evaluations of one function, so the cached pass
-    is judged as any backend is judged against the reference
-    (conformance/tolerances.py): against the float64 truth, allowed ``K``
-    times the error of the full float32 pass (credited with at least one ulp
-    of the largest output, ``eps * M``), plus the unit roundoff of each
-    value. ``K`` is the published float32 output factor, calibrated over the
-    whole catalog; no figure here is chosen for this test."""
+@pytest.mark.parametrize("dtype", LOW_DTYPES.values(), ids=LOW_DTYPES.keys())
+def test_low_precision_cached_pass_is_as_accurate_as_the_full_pass(dtype, norm_first, chunks):
+    """Below float64 there is no 1e-12 law: the cached and the full pass
+    round at other places. Both are evaluations in ``dtype`` of one function,
+    so the cached pass is judged as any backend is judged against the
+    reference (conformance/tolerances.py): against the float64 truth, allowed
+    ``K[dtype]`` times the error of the full pass in ``dtype`` (credited with
+    at least one ulp of the largest output, ``eps * M``), plus the unit
+    roundoff of each value. ``K`` is the published output factor, calibrated
+    over the whole catalog; no figure here is chosen for this test."""
     params, x, memory = _setup(13)
     kwargs = dict(memory_mask=MEMORY_PADDING, norm_first=norm_first)
     want = _full(x, memory, params, **kwargs)  # float64 truth
-    params32, x32, memory32 = (_to32(t) for t in (params, x, memory))
-    got = decoder_incremental(x32, memory32, params32, H, chunks=chunks, **kwargs)
-    assert got.dtype == np.float32
-    reference_error = max_error(_full(x32, memory32, params32, **kwargs), want)
-    rtol, atol = bounds("float32", "out", reference_error, magnitude=magnitude(want))
+    params_low, x_low, memory_low = _to_dtype((params, x, memory), dtype)
+    got = decoder_incremental(x_low, memory_low, params_low, H, chunks=chunks, **kwargs)
+    assert got.dtype == np.dtype(dtype)
+    reference_error = max_error(_full(x_low, memory_low, params_low, **kwargs), want)
+    name = np.dtype(dtype).name
+    rtol, atol = bounds(name, "out", reference_error, magnitude=magnitude(want))
     ratio, where = error_ratio(got, want, rtol, atol)
-    assert ratio <= 1, f"cached float32 beyond the bound ({ratio:.2f} x) {where}"
-
-
-def _to32(tree):
-    if isinstance(tree, dict):
-        return {k: _to32(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_to32(v) for v in tree]
-    return tree.astype(np.float32)
+    assert ratio <= 1, f"cached {name} beyond the bound ({ratio:.2f} x) {where}"
 
 
 # --------------------------------------------------------------------------
@@ -424,14 +434,6 @@ def _filled(capacity, filled, dtype=np.float64):
     cache = init_decoder_cache(memory, params, H, capacity)
     _, cache = decoder_step(x[:, :filled], cache, params, H)
     return params, x, memory, cache
-
-
-def _to_dtype(tree, dtype):
-    if isinstance(tree, dict):
-        return {k: _to_dtype(v, dtype) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_to_dtype(v, dtype) for v in tree)
-    return tree.astype(dtype)
 
 
 def _overflow(C, length, T):
