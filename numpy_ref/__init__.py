@@ -13,5 +13,6 @@ from .encoder import *  # noqa: F401,F403
 from .decoder import *  # noqa: F401,F403
 from .cache import *  # noqa: F401,F403
 from .seq2seq import *  # noqa: F401,F403
+from .transformer import *  # noqa: F401,F403
 
 SPEC_VERSION = "1.1"
