@@ -22,6 +22,16 @@ filled slots. Eval only: no dropout in the cached functions. Attention runs
 on the math path (``need_weights=True``'s, the decoder's default), so a
 cached step and the full pass compute alike.
 
+Padding: the cross-attention's keys and values are projected once, when the
+cache is made, and ``init_decoder_cache`` has no mask: a memory position no
+query reads (a padded source position) is never read by a step (its keys
+are zeroed by selection before any product), so the outputs stay clean
+even if it holds NaN, but autograd's ``memoryᵀ dK`` of the projection would
+meet that NaN. :func:`decoder_incremental` therefore zeroes the unread
+memory positions of its ``memory_mask`` before making the cache, as
+:func:`multi_head_attention` does; a caller who builds a cache from
+NaN-padded memory and differentiates through it should do the same.
+
 THE LAW: ``decoder_incremental(x, memory, ..., chunks=c)`` equals
 ``decoder(x, memory, ..., self_mask=causal_mask(L))`` for any split ``c``
 of ``L`` (float64 to 1e-12).
@@ -34,7 +44,8 @@ from __future__ import annotations
 import torch
 
 from ._checks import float_dtype, rules
-from .attention import _attend, _merge_heads, _project_heads, _split_heads
+from .attention import (_attend, _merge_heads, _project_heads, _read_keys, _read_positions,
+                        _split_heads, _unread_to_zero)
 from .layers import feed_forward, layer_norm
 
 __all__ = [
@@ -193,6 +204,10 @@ def decoder_incremental(x, memory, params, num_heads, *, chunks, memory_mask=Non
     chunks = rules.decoder_incremental(  # decoder's checks, then chunks: ints >= 0 summing to L
         x, memory, params, num_heads, chunks, memory_mask, norm_first, activation, eps)
     L = x.shape[1]
+    # SPEC 3.4a, as multi_head_attention: a memory position no query reads is 0 before the
+    # projection, so NaN padding reaches no product, not even autograd's memoryᵀ dK
+    read = _read_positions(_read_keys(memory_mask, None))  # (B|1, S, 1) or None
+    memory = _unread_to_zero(memory, read)  # (B, S, D)
     cache = _decoder_cache(memory, params, num_heads, L)
     per_row = memory_mask is not None and memory_mask.ndim >= 2 and memory_mask.shape[-2] == L > 1
     outs, start = [], 0

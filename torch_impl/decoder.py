@@ -39,7 +39,7 @@ from torch import nn
 
 from numpy_ref._contract.checks import ACTIVATIONS
 
-from ._checks import _generator, rules
+from ._checks import _generator, float_dtype, rules
 from .attention import MultiHeadAttention, init_multi_head_attention, multi_head_attention
 from .cache import decoder_layer_step, decoder_step, init_decoder_cache, init_decoder_layer_cache
 from .layers import (
@@ -180,7 +180,7 @@ def init_decoder_layer(rng, d_model, d_ff, dtype=None, device=None):
 
 def init_decoder(rng, num_layers, d_model, d_ff, final_norm=False, dtype=None, device=None):
     """``{"layers": [num_layers decoder-layer params], "norm"?: layer-norm params}``."""
-    rng = _generator(rng)
+    rng, dtype = _generator(rng), float_dtype(dtype)
     rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
     params = {"layers": [init_decoder_layer(rng, d_model, d_ff, dtype, device)
                          for _ in range(num_layers)]}

@@ -18,8 +18,9 @@ each emitted token back, through the KV cache (``cache.py``) by default: one
 position. ``use_cache=False`` recomputes the whole prefix each step; both
 emit the same tokens.
 
-Half precision: the embedding sum ``table[tokens] * sqrt(D) + PE`` is
-computed in float32 and rounded once; the cross-entropy's log-softmax too.
+Half precision: the embedding scale ``table[tokens] * sqrt(D)`` runs in
+float32 and is rounded once (then ``+ PE`` in the table's dtype, as
+numpy_ref); the cross-entropy's log-softmax runs in float32.
 
 Shape letters: ``B`` batch, ``S`` source length, ``L`` target length, ``D``
 model width, ``F`` feed-forward width, ``Vs`` / ``Vt`` vocabularies.
@@ -82,7 +83,7 @@ def transformer(src, tgt, params, num_heads, *, src_lengths=None, tgt_lengths=No
         src, tgt, params, num_heads, src_lengths, tgt_lengths, tie_embeddings, norm_first,
         activation, eps, dropout_p, dropout_masks)
     rng = _generator(rng)
-    (B, S), L = src.shape, tgt.shape[1]
+    S, L = src.shape[1], tgt.shape[1]
     pe = _table(params, max(S, L))  # (max(S, L), D)
     src_mask = None if src_lengths is None else padding_mask(src_lengths, S)  # (B, 1, 1, S)
     tgt_mask = None if tgt_lengths is None else padding_mask(tgt_lengths, L)  # (B, 1, 1, L)
@@ -150,6 +151,8 @@ def init_transformer(rng, src_vocab, tgt_vocab, d_model, d_ff, num_encoder_layer
         src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d_model, d_ff=d_ff)
     n_enc = rules.count(num_encoder_layers, "num_encoder_layers")  # >= 0
     n_dec = rules.count(num_decoder_layers, "num_decoder_layers")
+    rules.flag(final_norm, "final_norm")
+    rules.flag(tie_embeddings, "tie_embeddings")
     std, bound = D ** -0.5, 1.0 / math.sqrt(D)
     params = {
         "src_embed": torch.randn((Vs, D), generator=rng, dtype=torch.float64) * std,
@@ -214,7 +217,7 @@ def sample_decode(src, params, num_heads, *, bos, max_len, rng, temperature=1.0,
         src, params, num_heads, bos, max_len, src_lengths, temperature, tie_embeddings,
         norm_first, activation, eps)
     if rng is None:  # required: a sample must be reproducible from its arguments
-        raise rng_error(rng, "a torch.Generator or an int seed (required)")
+        raise rng_error(rng, "a torch.Generator or an int seed")
     rng, temperature = _generator(rng), float(temperature)
 
     def pick(logits):  # (B, Vt)
@@ -236,9 +239,11 @@ def _table(params, n):
 
 
 def _embed(table, tokens, pe):
-    """``table[tokens] * sqrt(D) + pe`` (float32 for half tables, rounded once)."""
+    """``table[tokens] * sqrt(D) + pe``; half tables are scaled in float32 and
+    rounded once, then the table's dtype adds ``pe`` (as numpy_ref)."""
     D = table.shape[1]
-    return (_upcast(table[tokens]) * math.sqrt(D) + _upcast(pe)).to(table.dtype)  # (B, L, D)
+    scaled = (_upcast(table[tokens]) * math.sqrt(D)).to(table.dtype)  # (B, L, D)
+    return scaled + pe  # (B, L, D)
 
 
 def _logits(y, params, tie_embeddings):

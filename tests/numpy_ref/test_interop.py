@@ -264,3 +264,165 @@ def test_bad_input_raises_with_the_argument_name_and_what_came(call, exc, name, 
     message = str(info.value)
     assert message.startswith(f"{name}: "), message
     assert got in message, message
+
+
+# --------------------------------------------------------------------------- the decoder side
+# nn.TransformerDecoderLayer / nn.TransformerDecoder / nn.Transformer (L=5 targets, S=7 sources)
+
+
+def decoder_layer_params(seed=0):
+    from numpy_ref.decoder import init_decoder_layer
+
+    return random_tree(init_decoder_layer(np.random.default_rng(seed), D, F), np.random.default_rng(seed))
+
+
+def decoder_params(seed=0, num_layers=2, final_norm=True):
+    from numpy_ref.decoder import init_decoder
+
+    return random_tree(init_decoder(np.random.default_rng(seed), num_layers, D, F, final_norm=final_norm),
+                       np.random.default_rng(seed))
+
+
+def encoder_params(seed=0, num_layers=2):
+    layers = [layer_params(seed + i) for i in range(num_layers)]
+    return {"layers": layers, "norm": random_tree({"gamma": np.ones(D), "beta": np.zeros(D)},
+                                                  np.random.default_rng(seed))}
+
+
+DECODER_LAYER_TORCH_KEYS = (
+    [f"self_attn.{k}" for k in ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")]
+    + [f"multihead_attn.{k}" for k in ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")]
+    + ["linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias"]
+    + [f"norm{i}.{k}" for i in (1, 2, 3) for k in ("weight", "bias")]
+)
+
+
+def test_decoder_layer_to_torch_maps_cross_attn_to_multihead_attn_in_module_order():
+    p = decoder_layer_params()
+    state = interop.decoder_layer_params_to_torch(p)
+    assert list(state) == DECODER_LAYER_TORCH_KEYS  # nn.TransformerDecoderLayer's state-dict order
+    for i, n in enumerate("qkv"):
+        np.testing.assert_array_equal(state["multihead_attn.in_proj_weight"][i * D:(i + 1) * D],
+                                      p["cross_attn"][f"w_{n}"].T)
+        np.testing.assert_array_equal(state["self_attn.in_proj_bias"][i * D:(i + 1) * D],
+                                      p["self_attn"][f"b_{n}"])
+    np.testing.assert_array_equal(state["multihead_attn.out_proj.weight"], p["cross_attn"]["w_o"].T)
+    np.testing.assert_array_equal(state["linear2.weight"], p["ffn"]["w_2"].T)
+    np.testing.assert_array_equal(state["norm3.weight"], p["norm3"]["gamma"])
+    np.testing.assert_array_equal(state["norm3.bias"], p["norm3"]["beta"])
+
+
+def test_decoder_and_transformer_to_torch_prefix_every_layer():
+    p = decoder_params(num_layers=2)
+    state = interop.decoder_params_to_torch(p)
+    assert list(state) == ([f"layers.0.{k}" for k in DECODER_LAYER_TORCH_KEYS]
+                           + [f"layers.1.{k}" for k in DECODER_LAYER_TORCH_KEYS] + ["norm.weight", "norm.bias"])
+    np.testing.assert_array_equal(state["layers.1.multihead_attn.out_proj.bias"],
+                                  p["layers"][1]["cross_attn"]["b_o"])
+    assert "norm.weight" not in interop.decoder_params_to_torch(decoder_params(final_norm=False))
+    full = {"src_embed": np.zeros((3, D)), "encoder": encoder_params(), "decoder": p}
+    state = interop.transformer_params_to_torch(full)  # embeddings are not read
+    assert all(k.startswith(("encoder.", "decoder.")) for k in state)
+    np.testing.assert_array_equal(state["encoder.layers.1.linear1.weight"], full["encoder"]["layers"][1]["ffn"]["w_1"].T)
+    np.testing.assert_array_equal(state["decoder.norm.bias"], p["norm"]["beta"])
+
+
+def test_decoder_side_params_round_trip_exactly_and_fresh():
+    for p, to, back in (
+        (decoder_layer_params(), interop.decoder_layer_params_to_torch, interop.decoder_layer_params_from_torch),
+        (decoder_params(), interop.decoder_params_to_torch, interop.decoder_params_from_torch),
+        (decoder_params(final_norm=False, num_layers=1), interop.decoder_params_to_torch,
+         interop.decoder_params_from_torch),
+        ({"encoder": encoder_params(), "decoder": decoder_params()}, interop.transformer_params_to_torch,
+         interop.transformer_params_from_torch),
+    ):
+        state = to(p)
+        again = back(state)
+        assert_trees_equal(again, p)
+        for x in flatten(again).values():
+            assert x.flags["C_CONTIGUOUS"] and not any(np.shares_memory(x, y) for y in state.values())
+
+
+def test_decoder_from_torch_with_zero_layers_and_a_norm():
+    assert_trees_equal(interop.decoder_params_from_torch({"norm.weight": np.ones(D), "norm.bias": np.zeros(D)}),
+                       {"layers": [], "norm": {"gamma": np.ones(D), "beta": np.zeros(D)}})
+
+
+def test_torch_decoder_side_state_dicts_match_ours(torch):
+    layer = torch.nn.TransformerDecoderLayer(D, H, F, batch_first=True, dtype=torch.float64)
+    assert {k: tuple(v.shape) for k, v in layer.state_dict().items()} == {
+        k: v.shape for k, v in interop.decoder_layer_params_to_torch(decoder_layer_params()).items()}
+    stack = torch.nn.TransformerDecoder(layer, 2, norm=torch.nn.LayerNorm(D, dtype=torch.float64))
+    assert list(stack.state_dict()) == list(interop.decoder_params_to_torch(decoder_params()))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors off: odd head count
+        model = torch.nn.Transformer(D, H, 2, 2, F, batch_first=True, dtype=torch.float64)
+    ours = interop.transformer_params_to_torch({"encoder": encoder_params(), "decoder": decoder_params()})
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == {k: v.shape for k, v in ours.items()}
+    back = interop.transformer_params_from_torch(model.state_dict())  # torch tensors read as is
+    assert_trees_equal(interop.transformer_params_to_torch(back),
+                       {k: v.numpy() for k, v in model.state_dict().items()})
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_torch_decoder_with_our_weights_gives_our_output(torch, norm_first):
+    from numpy_ref.decoder import decoder
+    from numpy_ref.masks import causal_mask
+
+    rng = np.random.default_rng(3)
+    params = decoder_params(4)
+    x, memory = rng.normal(size=(B, LQ, D)), rng.normal(size=(B, LK, D))
+    want = decoder(x, memory, params, H, self_mask=causal_mask(LQ), memory_mask=padding([7, 4]),
+                   norm_first=norm_first)
+    layer = torch.nn.TransformerDecoderLayer(D, H, F, dropout=0.0, batch_first=True,
+                                             norm_first=norm_first, dtype=torch.float64)
+    stack = torch.nn.TransformerDecoder(layer, 2, norm=torch.nn.LayerNorm(D, dtype=torch.float64))
+    stack.load_state_dict(to_torch_state(torch, interop.decoder_params_to_torch(params)))
+    stack.eval()
+    got = stack(torch.from_numpy(x), torch.from_numpy(memory),
+                tgt_mask=torch.from_numpy(interop.mask_to_torch(causal_mask(LQ))),
+                memory_key_padding_mask=torch.from_numpy(interop.mask_to_torch(padding([7, 4]))[:, 0, 0, :]))
+    np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+DECODER_BAD = [
+    ("decoder_layer_to_torch/missing-norm3", lambda: interop.decoder_layer_params_to_torch(
+        {k: v for k, v in decoder_layer_params().items() if k != "norm3"}),
+     ValueError, "params", "'norm3'"),
+    ("decoder_layer_to_torch/cross-w_k-shape", lambda: interop.decoder_layer_params_to_torch(
+        {**decoder_layer_params(), "cross_attn": {**decoder_layer_params()["cross_attn"], "w_k": np.zeros((D, D + 1))}}),
+     ValueError, "params.cross_attn.w_k", "(12, 13)"),
+    ("decoder_layer_to_torch/norm3-float32", lambda: interop.decoder_layer_params_to_torch(
+        {**decoder_layer_params(), "norm3": {"gamma": np.ones(D, np.float32), "beta": np.zeros(D, np.float32)}}),
+     TypeError, "params.norm3.gamma", "float32"),
+    ("decoder_layer_from_torch/missing-multihead_attn", lambda: interop.decoder_layer_params_from_torch(
+        {k: v for k, v in interop.decoder_layer_params_to_torch(decoder_layer_params()).items()
+         if not k.startswith("multihead_attn.in_proj_weight")}),
+     ValueError, "state", "'multihead_attn.in_proj_weight'"),
+    ("decoder_from_torch/layers.0-gap", lambda: interop.decoder_params_from_torch(
+        {k: v for k, v in interop.decoder_params_to_torch(decoder_params()).items() if not k.startswith("layers.0.norm3")}),
+     ValueError, "state", "'layers.0.norm3.weight'"),
+    ("decoder_from_torch/linear1-shape", lambda: interop.decoder_params_from_torch(
+        {**interop.decoder_params_to_torch(decoder_params()), "layers.1.linear1.weight": np.zeros((F, D + 1))}),
+     ValueError, "state[layers.1.linear1.weight]", "(20, 13)"),
+    ("decoder_to_torch/layers-not-a-list", lambda: interop.decoder_params_to_torch({"layers": decoder_layer_params()}),
+     TypeError, "params.layers", "dict"),
+    ("decoder_to_torch/norm-shape", lambda: interop.decoder_params_to_torch(
+        {**decoder_params(), "norm": {"gamma": np.ones(D + 1), "beta": np.zeros(D + 1)}}),
+     ValueError, "params.norm.gamma", "(13,)"),
+    ("transformer_to_torch/missing-decoder", lambda: interop.transformer_params_to_torch({"encoder": encoder_params()}),
+     ValueError, "params", "'decoder'"),
+    ("transformer_to_torch/decoder-layer-of-encoder", lambda: interop.transformer_params_to_torch(
+        {"encoder": encoder_params(), "decoder": {"layers": [layer_params()]}}),
+     ValueError, "params.decoder.layers.0", "'cross_attn'"),
+]
+
+
+@pytest.mark.parametrize("call, exc, name, got", [b[1:] for b in DECODER_BAD], ids=[b[0] for b in DECODER_BAD])
+def test_decoder_side_bad_input_raises_with_the_argument_name(call, exc, name, got):
+    with pytest.raises(exc) as info:
+        call()
+    message = str(info.value)
+    assert message.startswith(f"{name}: "), message
+    assert got in message, message
