@@ -42,7 +42,15 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import float_dtype, rules
-from .attention import _merge_heads, _project_heads, _split_heads, scaled_dot_product_attention
+from .attention import (
+    _merge_heads,
+    _project_heads,
+    _read_keys,
+    _read_positions,
+    _split_heads,
+    _unread_to_zero,
+    scaled_dot_product_attention,
+)
 from .decoder import _layer_body
 from .layers import _add_broadcast, layer_norm
 
@@ -152,8 +160,12 @@ def init_decoder_layer_cache(memory, params, num_heads, capacity):
       "cross_attn": {"k", "v": (B, H, S, Dh)}}``.
 
     The source padding mask is not known here; padded memory rows are
-    projected too and left out by the step's ``memory_mask``. Keep them
-    finite: a NaN there would reach ``w_k``'s and ``w_v``'s gradients.
+    projected too and left out by the step's ``memory_mask`` (the outputs
+    never read them, even NaN). Their gradients are another matter: a NaN
+    row would reach ``w_k``'s and ``w_v``'s (``memoryᵀ dk`` with ``dk = 0``
+    there). Keep padding finite when differentiating through a cache made
+    here; :func:`decoder_incremental`, which knows the mask, zeroes unread
+    rows first, as ``multi_head_attention`` does.
     """
     rules.init_decoder_cache(memory, params, num_heads, capacity, layer=True)
     return _layer_cache(memory, params, num_heads, capacity)
@@ -284,7 +296,10 @@ def decoder_incremental(x, memory, params, num_heads, *, chunks, memory_mask=Non
     chunks = rules.decoder_incremental(x, memory, params, num_heads, chunks, memory_mask,
                                        norm_first, activation, eps)
     L = x.shape[1]
-    cache = _decoder_cache(memory, params, num_heads, L)
+    # SPEC 3.4a, as multi_head_attention: memory rows no query reads are set
+    # to 0 before the projection, so NaN padding reaches no gradient either
+    read = _read_positions(_read_keys(memory_mask, None))  # (B|1, S, 1) or None
+    cache = _decoder_cache(_unread_to_zero(memory, read), params, num_heads, L)
     per_row = memory_mask is not None and memory_mask.ndim >= 2 and memory_mask.shape[-2] == L > 1
     outs, start = [], 0
     for T in chunks:

@@ -20,7 +20,7 @@ attentions' weights, on the FFN hidden layer and on each residual branch
 
 The mirror of ``numpy_ref.decoder`` without the ``*_backward`` functions
 (``jax.vjp`` gives them). Static under ``jax.jit``: ``num_heads``,
-``norm_first``, ``activation``, ``eps``, ``dropout_p``, ``need_weights``.
+``norm_first``, ``activation``, ``eps``, ``dropout_p``, ``return_weights``.
 The layers of a stack are a Python list, so ``jit`` unrolls the loop over
 layers (a handful). The incremental (KV-cached) form of the same layer is in
 ``cache.py``; both run the one block structure written here
@@ -50,7 +50,7 @@ __all__ = [
 
 def decoder_layer(x, memory, params, num_heads, *, self_mask=None, memory_mask=None,
                   norm_first=False, activation="relu", eps=1e-5, dropout_p=0.0,
-                  dropout_masks=None, rng=None, need_weights=False):
+                  dropout_masks=None, rng=None, return_weights=False):
     """One decoder layer: masked self-attention, cross-attention, feed-forward.
 
     post-norm: ``h1 = norm1(x + drop(self_attn(x)))``,
@@ -82,21 +82,22 @@ def decoder_layer(x, memory, params, num_heads, *, self_mask=None, memory_mask=N
         when ``dropout_p > 0``.
       rng: a JAX PRNG key, split into one key per site; None is a ValueError
         when ``dropout_p > 0`` and a site has no mask.
-      need_weights: also return both attentions' weights (static).
+      return_weights: also return both attentions' weights (static).
 
     Returns:
-      ``out (B, L, D)``; with ``need_weights=True``
+      ``out (B, L, D)``; with ``return_weights=True``
       ``(out, self_weights (B, H, L, L), cross_weights (B, H, L, S))``, the
-      weights as :func:`multi_head_attention` returns them.
+      weights as :func:`multi_head_attention` returns them: the softmax
+      before the attention dropout (0 in a fully masked row).
     """
     masks, shapes = rules.decoder_layer(  # x, memory, every sublayer's params, the config, keep-masks
         x, memory, params, num_heads, self_mask, memory_mask, norm_first, activation, eps,
-        dropout_p, dropout_masks, need_weights)
+        dropout_p, dropout_masks, return_weights)
     masks = _draw_missing(masks, shapes, dropout_p, rng)
     attend = _FullAttention(memory, params, num_heads, self_mask, memory_mask, dropout_p, masks)
     out, self_weights, cross_weights = _layer_body(
         x, params, attend, norm_first, activation, eps, dropout_p, masks)
-    return (out, self_weights, cross_weights) if need_weights else out
+    return (out, self_weights, cross_weights) if return_weights else out
 
 
 def decoder(x, memory, params, num_heads, *, self_mask=None, memory_mask=None, norm_first=False,

@@ -14,7 +14,7 @@ The mirror of ``numpy_ref.transformer`` without the ``*_backward`` functions
 (``jax.vjp`` / ``jax.grad``). Static under ``jax.jit``: ``num_heads``,
 ``tie_embeddings``, ``norm_first``, ``activation``, ``eps``, ``dropout_p``,
 ``ignore_index``, ``label_smoothing``; for the decoders also ``bos``,
-``max_len``, ``use_cache``. Token ids, lengths and the PRNG keys are traced
+``max_len``, ``use_cache``, ``temperature``. Token ids, lengths and the PRNG keys are traced
 arrays. Under ``jit`` the value rules (tokens in ``[0, V)``) cannot read
 traced values; an out-of-range token then reads a row of NaN (embeddings)
 or a NaN log-probability (:func:`cross_entropy`), never a wrapped or clamped
@@ -128,7 +128,8 @@ def cross_entropy(logits, targets, *, ignore_index=None, label_smoothing=0.0):
     Returns:
       0-d array of ``logits``' dtype.
     """
-    rules.cross_entropy(logits, targets, ignore_index, label_smoothing)
+    ignore_index, eps = rules.cross_entropy(  # ids in [0, V) when concrete, smoothing in [0, 1)
+        logits, targets, ignore_index, label_smoothing)
     z = _upcast(logits)  # (..., V), float32 for half
     V = z.shape[-1]
     m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))  # (..., 1); cancels in log p
@@ -137,7 +138,6 @@ def cross_entropy(logits, targets, *, ignore_index=None, label_smoothing=0.0):
     index = jnp.where(valid, targets, 0)
     index = jnp.where(index < 0, V, index)[..., None]  # a negative id must not wrap: out of range
     nll = -jnp.take_along_axis(log_p, index, axis=-1, mode="fill", fill_value=jnp.nan)[..., 0]
-    eps = float(label_smoothing)
     loss = (1.0 - eps) * nll + (eps / V) * -jnp.sum(log_p, axis=-1) if eps else nll  # (...)
     count = jnp.sum(valid)
     total = jnp.sum(jnp.where(valid, loss, 0.0))
@@ -149,30 +149,31 @@ def init_transformer(rng, src_vocab, tgt_vocab, d_model, d_ff, num_encoder_layer
                      dtype=jnp.float32):
     """Parameters for :func:`transformer`.
 
-    Embeddings ``~ N(0, D^-1/2 squared)`` (so ``embed * sqrt(D)`` has unit
-    scale), the stacks as :func:`init_encoder` / :func:`init_decoder` (with a
-    final norm iff ``final_norm``), ``out`` as ``nn.Linear(D, Vt)``
-    (``U(-1/sqrt(D), 1/sqrt(D))``); tied: ``out`` is ``{"b": zeros (Vt,)}``.
+    Embeddings ``~ N(0, 1/D)`` (so ``embed * sqrt(D)`` has unit scale), the
+    stacks as :func:`init_encoder` / :func:`init_decoder` (with a final norm
+    iff ``final_norm``, as ``nn.Transformer``), ``out`` as ``nn.Linear(D, Vt)``
+    (``U(-1/sqrt(D), 1/sqrt(D))``); tied: ``out`` is ``{"b": (Vt,)}`` only.
     The same shapes as numpy_ref's, JAX's own random numbers.
 
     ``rng``: a JAX PRNG key.
     """
     rng, dtype = _key(rng, required=True), float_dtype(dtype)
-    Vs, Vt, D, F = rules.widths(src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d_model, d_ff=d_ff)
-    rules.widths(num_encoder_layers=num_encoder_layers, num_decoder_layers=num_decoder_layers)
+    Vs, Vt, D, F = rules.widths(src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d_model,
+                                d_ff=d_ff)  # positive ints
+    n_enc = rules.count(num_encoder_layers, "num_encoder_layers")
+    n_dec = rules.count(num_decoder_layers, "num_decoder_layers")
+    rules.flag(final_norm, "final_norm")
+    rules.flag(tie_embeddings, "tie_embeddings")
     k_src, k_tgt, k_enc, k_dec, k_w, k_b = jax.random.split(rng, 6)
     std, bound = D ** -0.5, 1.0 / math.sqrt(D)
     params = {
-        "src_embed": std * jax.random.normal(k_src, (Vs, D), dtype),
-        "tgt_embed": std * jax.random.normal(k_tgt, (Vt, D), dtype),
-        "encoder": init_encoder(k_enc, num_encoder_layers, D, F, final_norm, dtype),
-        "decoder": init_decoder(k_dec, num_decoder_layers, D, F, final_norm, dtype),
+        "src_embed": (std * jax.random.normal(k_src, (Vs, D), dtype)).astype(dtype),
+        "tgt_embed": (std * jax.random.normal(k_tgt, (Vt, D), dtype)).astype(dtype),
+        "encoder": init_encoder(k_enc, n_enc, D, F, final_norm, dtype),
+        "decoder": init_decoder(k_dec, n_dec, D, F, final_norm, dtype),
+        "out": {} if tie_embeddings else {"w": jax.random.uniform(k_w, (D, Vt), dtype, -bound, bound)},
     }
-    if tie_embeddings:
-        params["out"] = {"b": jnp.zeros(Vt, dtype)}
-    else:
-        params["out"] = {"w": jax.random.uniform(k_w, (D, Vt), dtype, -bound, bound),
-                         "b": jax.random.uniform(k_b, (Vt,), dtype, -bound, bound)}
+    params["out"]["b"] = jax.random.uniform(k_b, (Vt,), dtype, -bound, bound)
     return params
 
 
@@ -215,13 +216,14 @@ def sample_decode(src, params, num_heads, *, bos, max_len, rng, temperature=1.0,
       src, params, num_heads, bos, max_len, src_lengths, tie_embeddings,
         norm_first, activation, eps: as :func:`greedy_decode`.
       rng: a JAX PRNG key (required).
-      temperature: ``> 0``; small values approach greedy decoding.
+      temperature: a Python number ``> 0`` (static under ``jit``: the rules
+        read its value); small values approach greedy decoding.
 
     Returns:
       int ``tokens (B, max_len)``.
     """
-    bos, max_len = rules.sample_decode(src, params, num_heads, bos, max_len, rng, temperature,
-                                       src_lengths, tie_embeddings, norm_first, activation, eps)
+    bos, max_len = rules.sample_decode(src, params, num_heads, bos, max_len, src_lengths,
+                                       temperature, tie_embeddings, norm_first, activation, eps)
     rng = _key(rng, required=True)
     cfg = (num_heads, tie_embeddings, norm_first, activation, eps)
 
@@ -239,9 +241,15 @@ def sample_decode(src, params, num_heads, *, bos, max_len, rng, temperature=1.0,
 
 
 def _embed_scaled(table, tokens, pe):
-    """``table[tokens] * sqrt(D) + PE[:L]``; an out-of-range token reads NaN."""
-    D = table.shape[1]
-    return _add_broadcast(_embed(table, tokens) * math.sqrt(D), pe[: tokens.shape[1]])  # (B, L, D)
+    """``table[tokens] * sqrt(D) + pe[:L]``; an out-of-range token reads NaN.
+
+    Half tables are scaled in float32 and rounded once (torch's opmath for
+    ``tensor * python float``; XLA would round ``sqrt(D)`` to the half dtype
+    first), then ``pe`` is added in float32 and rounded once.
+    """
+    rows = _embed(table, tokens)  # (B, L, D)
+    scaled = (_upcast(rows) * math.sqrt(table.shape[1])).astype(table.dtype)  # (B, L, D)
+    return _add_broadcast(scaled, pe[: tokens.shape[1]])  # (B, L, D)
 
 
 def _logits(y, params, tie_embeddings):
@@ -285,8 +293,7 @@ def _cached_loop(src, params, src_lengths, bos, max_len, cfg, choose):
 
     def step(carry, t):
         cache, y = carry  # the cache of positions < t, the token at position t (B,)
-        e = _embed(table, y[:, None]) * math.sqrt(D)  # (B, 1, D)
-        e = _add_broadcast(e, jax.lax.dynamic_slice_in_dim(pe, t, 1))  # (B, 1, D), PE row t
+        e = _embed_scaled(table, y[:, None], jax.lax.dynamic_slice_in_dim(pe, t, 1))  # (B, 1, D), PE row t
         out, cache = _decoder_step(e, cache, params["decoder"], num_heads, src_mask, norm_first,
                                    activation, eps)  # (B, 1, D)
         y = choose(_logits(out[:, 0], params, tie_embeddings), t)  # (B,)
