@@ -270,6 +270,7 @@ NN_MHA_W = "nn.MultiheadAttention[need_weights=True]"
 NN_MHA = "nn.MultiheadAttention[need_weights=False]"
 NN_TEL = "nn.TransformerEncoderLayer"
 NN_TDL = "nn.TransformerDecoderLayer"
+NN_TDL_MASK = "nn.TransformerDecoderLayer[tgt_mask only]"
 NN_TD = "nn.TransformerDecoder[recompute]"
 JNP_REF = "jnp reference"
 INFORMATIVE = "informative only: numpy vs the torch built-in"
@@ -313,7 +314,10 @@ IMPLS = {
              "the mirror passes the causal mask as a bool mask; the built-in gets tgt_is_causal=True"),
         Impl("jax_impl", "jax", "mirror", runners.jax_impl, NN_TDL,
              "cross-framework: JAX has no decoder-layer built-in"),
-        Impl(NN_TDL, "torch", "builtin", runners.torch_decoder_layer),
+        Impl(NN_TDL, "torch", "builtin", runners.torch_decoder_layer(is_causal=True)),
+        Impl(NN_TDL_MASK, "torch", "builtin", runners.torch_decoder_layer(is_causal=False), NN_TDL,
+             "the built-in without tgt_is_causal=True (the mask only, as the mirrors): "
+             "what the causal hint is worth"),
     ),
     "decode": (
         Impl("numpy_ref[cached]", "numpy", "mirror", runners.numpy_decode(cached=True)),
