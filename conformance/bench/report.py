@@ -101,6 +101,8 @@ def _header_lines(report):
     return [
         f"command: {h['command']}",
         f"machine: {h['cpu']}, {h['cpu_count']} CPUs ({' '.join(h['cpu_simd'] or [])})"
+        + (f", this process pinned to {h['cpus_usable']}"
+           if h.get("cpus_usable") not in (None, h["cpu_count"]) else "")
         + (f", GPU {h['gpu']}" if h.get("gpu") else ""),
         f"numpy {h['numpy']} [{blas_text}] · torch {h['torch']} on {h['torch_device']} "
         f"({h['torch_num_threads']} threads) · jax {h['jax']} on {h['jax_device']}",
