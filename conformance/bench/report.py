@@ -242,8 +242,11 @@ def plot_decode(report, path) -> str:
     ax_ratio.set_title("what the cache saves, same run", fontsize=10)
     h, shape = report["header"], rows[0]["shape"] if rows else {}
     model = " ".join(f"{k}={v}" for k, v in shape.items() if k != "L")
-    fig.suptitle(f"{model}, {h['dtype']}, torch on {h['torch_device']}, jax on "
-                 f"{h['jax_device']} ({h['cpu']}, {h['cpu_count']} CPUs)", fontsize=9)
+    pinned = (f", pinned to {h['cpus_usable']}"
+              if h.get("cpus_usable") not in (None, h["cpu_count"]) else "")
+    fig.suptitle(f"{model}, {h['dtype']}, torch on {h['torch_device']} "
+                 f"({h['torch_num_threads']} threads), jax on {h['jax_device']} "
+                 f"({h['cpu']}, {h['cpu_count']} CPUs{pinned})", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
