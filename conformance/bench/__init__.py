@@ -8,8 +8,9 @@
 Times forward and forward+backward of scaled dot-product attention,
 multi-head attention, the encoder layer and the decoder layer for every
 implementation, and (the decode presets) one decoding step with the KV cache
-against recomputing the prefix, at several cache lengths; interleaved: within each repeat every implementation runs once, in a
-rotating order, so machine drift hits all of them alike. Reports medians with
+against recomputing the prefix, at several cache lengths; interleaved:
+within each repeat every implementation runs once, in a rotating order, so
+machine drift hits all of them alike. Reports medians with
 min-max spread, peak memory, achieved GFLOP/s against the machine's measured
 float32 matmul peak, JAX compile time apart, and each implementation's ratio
 to its built-in. Writes a table to stdout, progress to stderr, a JSON file
