@@ -3,11 +3,14 @@
     python -m conformance bench                 # tutorial, base and long presets
     python -m conformance bench --quick         # CI smoke test, well under a minute
     python -m conformance.bench --preset base --device cuda --dtype bfloat16
+    python -m conformance bench --preset decode --decode-lengths 128,1024,8192
 
 Times forward and forward+backward of scaled dot-product attention,
-multi-head attention and the encoder layer for every implementation,
-interleaved: within each repeat every implementation runs once, in a
-rotating order, so machine drift hits all of them alike. Reports medians with
+multi-head attention, the encoder layer and the decoder layer for every
+implementation, and (the decode presets) one decoding step with the KV cache
+against recomputing the prefix, at several cache lengths; interleaved:
+within each repeat every implementation runs once, in a rotating order, so
+machine drift hits all of them alike. Reports medians with
 min-max spread, peak memory, achieved GFLOP/s against the machine's measured
 float32 matmul peak, JAX compile time apart, and each implementation's ratio
 to its built-in. Writes a table to stdout, progress to stderr, a JSON file
@@ -21,7 +24,8 @@ Modules (``cases`` and ``report`` are the benchmark's own, not
   implementations of each operation with the built-in each is compared to.
 - ``runners``: one runner per implementation, and its peak memory.
 - ``machine``: the float32 matmul peak and the report's header.
-- ``report``: the terminal table and the PNG plot, read from the JSON report.
+- ``report``: the terminal tables and the PNG plots (``bench.png``, and
+  ``bench_decode.png`` for the decode presets), read from the JSON report.
 """
 from .cli import main
 

@@ -270,6 +270,7 @@ NN_MHA_W = "nn.MultiheadAttention[need_weights=True]"
 NN_MHA = "nn.MultiheadAttention[need_weights=False]"
 NN_TEL = "nn.TransformerEncoderLayer"
 NN_TDL = "nn.TransformerDecoderLayer"
+NN_TDL_MASK = "nn.TransformerDecoderLayer[tgt_mask only]"
 NN_TD = "nn.TransformerDecoder[recompute]"
 JNP_REF = "jnp reference"
 INFORMATIVE = "informative only: numpy vs the torch built-in"
@@ -310,10 +311,14 @@ IMPLS = {
         Impl("torch_impl[math]", "torch", "mirror", runners.torch_impl("math"), NN_TDL,
              "the math path materialises both attentions' weights; the built-in never does"),
         Impl("torch_impl[fused]", "torch", "mirror", runners.torch_impl("fused"), NN_TDL,
-             "the mirror passes the causal mask as a bool mask; the built-in gets tgt_is_causal=True"),
+             "the mirror passes the causal mask as a bool mask; "
+             "the built-in gets tgt_is_causal=True"),
         Impl("jax_impl", "jax", "mirror", runners.jax_impl, NN_TDL,
              "cross-framework: JAX has no decoder-layer built-in"),
-        Impl(NN_TDL, "torch", "builtin", runners.torch_decoder_layer),
+        Impl(NN_TDL, "torch", "builtin", runners.torch_decoder_layer(is_causal=True)),
+        Impl(NN_TDL_MASK, "torch", "builtin", runners.torch_decoder_layer(is_causal=False), NN_TDL,
+             "the built-in without tgt_is_causal=True (the mask only, as the mirrors): "
+             "what the causal hint is worth"),
     ),
     "decode": (
         Impl("numpy_ref[cached]", "numpy", "mirror", runners.numpy_decode(cached=True)),
@@ -321,7 +326,8 @@ IMPLS = {
              "numpy_ref[cached]", RECOMPUTE),
         Impl("torch_impl[cached]", "torch", "mirror", runners.torch_decode(cached=True)),
         Impl("torch_impl[recompute]", "torch", "mirror", runners.torch_decode(cached=False),
-             "torch_impl[cached]", RECOMPUTE + " (recompute on the fused path, need_weights=False)"),
+             "torch_impl[cached]",
+             RECOMPUTE + " (recompute on the fused path, need_weights=False)"),
         Impl("jax_impl[cached]", "jax", "mirror", runners.jax_decode(cached=True)),
         Impl("jax_impl[recompute]", "jax", "mirror", runners.jax_decode(cached=False),
              "jax_impl[cached]", RECOMPUTE + " (both jitted)"),

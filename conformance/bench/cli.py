@@ -2,6 +2,8 @@
 the matmul peak, then time every case with its implementations interleaved
 (within each repeat every implementation runs once, in a rotating order, so
 machine drift hits all of them alike), and write the table, JSON and plot.
+A case is (preset, op, mode) for the op presets and (decode preset, cache
+length) for the decode presets.
 """
 from __future__ import annotations
 

@@ -56,7 +56,8 @@ def header(argv, args, torch_device, jax_device):
         "command": " ".join(["python -m conformance bench", *argv]),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(), "platform": platform.platform(),
-        "loadavg_start": loadavg(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(), "cpu_simd": _cpu_simd(),
+        "loadavg_start": loadavg(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
+        "cpus_usable": _cpus_usable(), "cpu_simd": _cpu_simd(),
         "dtype": args.dtype, "matmul_precision": args.matmul_precision,
         "repeats": args.repeats, "warmup": args.warmup, "min_sample_s": args.min_time,
         "numpy": np.__version__, "numpy_blas": _blas_info(),
@@ -114,6 +115,14 @@ def _cpu_simd():
         return None
     flags = set(next((l for l in text.splitlines() if l.startswith("flags")), "").split())
     return [f for f in ("avx512f", "avx2", "fma", "avx512_bf16", "amx_bf16") if f in flags]
+
+
+def _cpus_usable():
+    """CPUs this process may run on (``taskset``, cgroups' cpusets), if the OS says."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
 
 
 def loadavg():

@@ -101,6 +101,8 @@ def _header_lines(report):
     return [
         f"command: {h['command']}",
         f"machine: {h['cpu']}, {h['cpu_count']} CPUs ({' '.join(h['cpu_simd'] or [])})"
+        + (f", this process pinned to {h['cpus_usable']}"
+           if h.get("cpus_usable") not in (None, h["cpu_count"]) else "")
         + (f", GPU {h['gpu']}" if h.get("gpu") else ""),
         f"numpy {h['numpy']} [{blas_text}] · torch {h['torch']} on {h['torch_device']} "
         f"({h['torch_num_threads']} threads) · jax {h['jax']} on {h['jax_device']}",
@@ -214,19 +216,23 @@ def plot_decode(report, path) -> str:
             ax_ratio.plot(*zip(*ratios), "--s", color=colors[name.split("[")[0]],
                           label=f"{name} / {_baseline_of(rows, name)}", markersize=4)
     lengths = sorted({r["shape"]["L"] for r in ok})
-    if len(lengths) > 1:  # guide slopes through the geometric middle of the data
+    if len(lengths) > 1:  # guide slopes fanning out from the first length's middle time
         import math
 
-        mid = math.exp(sum(math.log(r["median_s"]) for r in ok) / len(ok))
-        x0 = math.sqrt(lengths[0] * lengths[-1])
+        first = [math.log(r["median_s"]) for r in ok if r["shape"]["L"] == lengths[0]]
+        y0 = math.exp(sum(first) / len(first))
         for power, label in ((1, "O(L)"), (2, "O(L²)")):
-            ax.plot(lengths, [mid * (n / x0) ** power for n in lengths], ":", color="gray",
-                    linewidth=1)
-            ax.annotate(label, (lengths[-1], mid * (lengths[-1] / x0) ** power), fontsize=8,
-                        color="gray", textcoords="offset points", xytext=(4, 0))
+            ys = [y0 * (n / lengths[0]) ** power for n in lengths]
+            ax.plot(lengths, ys, ":", color="gray", linewidth=1)
+            ax.annotate(label, (lengths[-1], ys[-1]), fontsize=8, color="gray",
+                        textcoords="offset points", xytext=(4, 0))
+    ax_ratio.axhline(1.0, color="gray", linewidth=1)  # above: the cache is faster
     for a in (ax, ax_ratio):
         a.set_xscale("log", base=2)
         a.set_yscale("log")
+        if lengths:
+            a.set_xticks(lengths, [str(n) for n in lengths])
+            a.minorticks_off()
         a.set_xlabel("cache length L (tokens already decoded)")
         a.grid(which="both", alpha=0.3)
         a.legend(fontsize=7)
@@ -236,8 +242,11 @@ def plot_decode(report, path) -> str:
     ax_ratio.set_title("what the cache saves, same run", fontsize=10)
     h, shape = report["header"], rows[0]["shape"] if rows else {}
     model = " ".join(f"{k}={v}" for k, v in shape.items() if k != "L")
-    fig.suptitle(f"{model}, {h['dtype']}, torch on {h['torch_device']}, jax on "
-                 f"{h['jax_device']} ({h['cpu']}, {h['cpu_count']} CPUs)", fontsize=9)
+    pinned = (f", pinned to {h['cpus_usable']}"
+              if h.get("cpus_usable") not in (None, h["cpu_count"]) else "")
+    fig.suptitle(f"{model}, {h['dtype']}, torch on {h['torch_device']} "
+                 f"({h['torch_num_threads']} threads), jax on {h['jax_device']} "
+                 f"({h['cpu']}, {h['cpu_count']} CPUs{pinned})", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

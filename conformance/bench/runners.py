@@ -203,26 +203,31 @@ def torch_encoder_layer(problem: Problem, mode: str) -> Runner:
     return _torch_runner(torch, problem, lambda: module(x), [x, *module.parameters()], mode)
 
 
-def torch_decoder_layer(problem: Problem, mode: str) -> Runner:
+def torch_decoder_layer(is_causal=True):
     """``nn.TransformerDecoderLayer`` with our weights and the causal mask as a
-    PyTorch user passes it: ``tgt_mask`` (``True`` = ignore) with the hint
-    ``tgt_is_causal=True``, which lets it call the causal SDPA kernel."""
-    torch = _module("torch")
-    s = problem.shape
-    module = torch.nn.TransformerDecoderLayer(
-        s.D, s.H, dim_feedforward=s.F, dropout=0.0, activation="relu",
-        layer_norm_eps=1e-5, batch_first=True, norm_first=False,
-        device=problem.torch_device, dtype=_torch_dtype(torch, problem.dtype)).eval()
-    _load_torch_state(torch, module, "decoder_layer_params_to_torch", problem.inputs["params"])
-    tensors = _torch_tree(torch, problem, {n: problem.inputs[n] for n in ("x", "memory")},
-                          mode != "forward")
-    x, memory = tensors["x"], tensors["memory"]
-    tgt_mask = _torch_causal_ignore(torch, s.L, problem.torch_device)
+    PyTorch user passes it: ``tgt_mask`` (``True`` = ignore), with the hint
+    ``tgt_is_causal=True`` (which lets its attention call SDPA with
+    ``is_causal=True`` instead of the mask) or without it."""
 
-    def forward():
-        return module(x, memory, tgt_mask=tgt_mask, tgt_is_causal=True)
+    def prepare(problem: Problem, mode: str) -> Runner:
+        torch = _module("torch")
+        s = problem.shape
+        module = torch.nn.TransformerDecoderLayer(
+            s.D, s.H, dim_feedforward=s.F, dropout=0.0, activation="relu",
+            layer_norm_eps=1e-5, batch_first=True, norm_first=False,
+            device=problem.torch_device, dtype=_torch_dtype(torch, problem.dtype)).eval()
+        _load_torch_state(torch, module, "decoder_layer_params_to_torch", problem.inputs["params"])
+        tensors = _torch_tree(torch, problem, {n: problem.inputs[n] for n in ("x", "memory")},
+                              mode != "forward")
+        x, memory = tensors["x"], tensors["memory"]
+        tgt_mask = _torch_causal_ignore(torch, s.L, problem.torch_device)
 
-    return _torch_runner(torch, problem, forward, [x, memory, *module.parameters()], mode)
+        def forward():
+            return module(x, memory, tgt_mask=tgt_mask, tgt_is_causal=is_causal)
+
+        return _torch_runner(torch, problem, forward, [x, memory, *module.parameters()], mode)
+
+    return prepare
 
 
 def _torch_causal_ignore(torch, L, device):
