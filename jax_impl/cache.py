@@ -301,14 +301,39 @@ def decoder_incremental(x, memory, params, num_heads, *, chunks, memory_mask=Non
     read = _read_positions(_read_keys(memory_mask, None))  # (B|1, S, 1) or None
     cache = _decoder_cache(_unread_to_zero(memory, read), params, num_heads, L)
     per_row = memory_mask is not None and memory_mask.ndim >= 2 and memory_mask.shape[-2] == L > 1
+
+    def step(cache, start, T):  # the T positions from ``start`` (a traced index inside a scan)
+        mask = memory_mask
+        if per_row:
+            mask = jax.lax.dynamic_slice_in_dim(memory_mask, start, T, axis=memory_mask.ndim - 2)
+        out, cache = _decoder_step(jax.lax.dynamic_slice_in_dim(x, start, T, axis=1), cache, params,
+                                   num_heads, mask, norm_first, activation, eps)
+        return cache, out  # (B, T, D)
+
     outs, start = [], 0
-    for T in chunks:
-        mask = memory_mask[..., start:start + T, :] if per_row else memory_mask
-        out, cache = _decoder_step(x[:, start:start + T], cache, params, num_heads, mask,
-                                   norm_first, activation, eps)
+    for T, n in _runs(chunks):  # a run of n steps of T tokens: one lax.scan, one compiled step
+        if T == 0:
+            continue  # an empty step writes nothing and outputs nothing
+        if n == 1:
+            cache, out = step(cache, start, T)
+        else:
+            cache, out = jax.lax.scan(lambda c, i, s=start, t=T: step(c, s + i * t, t), cache,
+                                      jnp.arange(n))  # out: (n, B, T, D)
+            out = jnp.moveaxis(out, 0, 1).reshape(x.shape[0], n * T, x.shape[2])  # steps in order
         outs.append(out)
-        start += T
+        start += n * T
     return jnp.concatenate(outs, axis=1) if outs else jnp.copy(x)  # (B, L, D)
+
+
+def _runs(chunks):
+    """``(3, 1, 1, 1, 2)`` -> ``[(3, 1), (1, 3), (2, 1)]``: consecutive equal step sizes."""
+    runs = []
+    for T in chunks:
+        if runs and runs[-1][0] == T:
+            runs[-1] = (T, runs[-1][1] + 1)
+        else:
+            runs.append((T, 1))
+    return runs
 
 
 def _decoder_cache(memory, params, num_heads, capacity):
