@@ -413,6 +413,14 @@ def _jax_runner(problem, forward, inputs, mode, d_out=None):
             _, vjp = jax.vjp(forward, *primals)
             return vjp(cotangent)
 
+    return _jax_compiled(problem, fn, args)
+
+
+def _jax_compiled(problem, fn, args) -> Runner:
+    """``jax.jit(fn)`` compiled for ``args`` (the compile timed apart), its
+    memory from XLA's own analysis."""
+    import jax
+
     start = time.perf_counter()
     with jax.default_matmul_precision(problem.matmul_precision):
         compiled = jax.jit(fn).lower(*args).compile()
@@ -542,17 +550,6 @@ def jax_decode(cached):
                 mask = ji.causal_mask(x.shape[1])
                 return ji.decoder(x, memory, params, H, self_mask=mask)[:, -1]
             args = (x, memory, params)
-        start = time.perf_counter()
-        with jax.default_matmul_precision(problem.matmul_precision):
-            compiled = jax.jit(fn).lower(*args).compile()
-        compile_s = time.perf_counter() - start
-
-        def memory_peak():
-            stats = compiled.memory_analysis()
-            if stats is None:
-                return None, "n/a (no memory_analysis on this backend)"
-            return stats.temp_size_in_bytes + stats.output_size_in_bytes, "xla memory_analysis"
-
-        return Runner(lambda: jax.block_until_ready(compiled(*args)), memory_peak, compile_s)
+        return _jax_compiled(problem, fn, args)
 
     return prepare

@@ -115,3 +115,12 @@ def check_backward(f, f_backward, kwargs, cotangents, wrt, eps=1e-6, tol=1e-7, s
     key = getattr(f, "__name__", str(f))
     WORST[key] = max(WORST.get(key, 0.0), worst)
     return worst
+
+
+def perturbed(params, rng):
+    """Init params plus noise, so no bias is 0 and no gamma is 1 (symmetries hide bugs)."""
+    if isinstance(params, dict):
+        return {k: perturbed(v, rng) for k, v in params.items()}
+    if isinstance(params, list):
+        return [perturbed(v, rng) for v in params]
+    return params + (0.1 * rng.standard_normal(params.shape)).astype(params.dtype)

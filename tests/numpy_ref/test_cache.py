@@ -36,7 +36,7 @@ from numpy_ref import (
 from numpy_ref._checks import BFLOAT16
 from tests.dims import B, D, FF, H, LK, LQ
 
-from .fd import check_backward
+from .fd import check_backward, perturbed
 
 L, S = LQ, LK  # target 5, source 7
 SAMPLE = 16  # finite differences on 16 coordinates + 3 random directions per leaf (fd.py)
@@ -44,15 +44,6 @@ LAW_TOL = 1e-12  # the law of SPEC 3.20 (the KV cache): float64 to 1e-12
 
 SOURCE_LENGTHS = np.array([S, 4])  # sequence 1 of the memory is padded after 4 tokens
 MEMORY_PADDING = padding_mask(SOURCE_LENGTHS, S)  # (B, 1, 1, S)
-
-
-def _perturbed(params, rng):
-    """Init params plus noise, so no bias is 0 and no gamma is 1 (symmetries hide bugs)."""
-    if isinstance(params, dict):
-        return {k: _perturbed(v, rng) for k, v in params.items()}
-    if isinstance(params, list):
-        return [_perturbed(v, rng) for v in params]
-    return params + (0.1 * rng.standard_normal(params.shape)).astype(params.dtype)
 
 
 def _to_dtype(tree, dtype):
@@ -65,7 +56,7 @@ def _to_dtype(tree, dtype):
 
 def _setup(seed, num_layers=2, final_norm=True, length=L):
     rng = np.random.default_rng(seed)
-    params = _perturbed(init_decoder(rng, num_layers, D, FF, final_norm=final_norm), rng)
+    params = perturbed(init_decoder(rng, num_layers, D, FF, final_norm=final_norm), rng)
     x = rng.standard_normal((B, length, D))  # (B, L, D)
     memory = rng.standard_normal((B, S, D))  # (B, S, D)
     return params, x, memory
@@ -163,7 +154,7 @@ def test_law_for_random_splits(split, num_layers, final_norm, norm_first, padded
 @pytest.mark.parametrize("spare", [0, 3], ids=["capacity-L", "capacity-L+3"])
 def test_self_attention_steps_equal_causal_multi_head_attention(chunks, spare):
     rng = np.random.default_rng(2)
-    params = _perturbed(init_multi_head_attention(rng, D), rng)
+    params = perturbed(init_multi_head_attention(rng, D), rng)
     x = rng.standard_normal((B, L, D))
     want, _ = multi_head_attention(x, x, x, params, H, mask=causal_mask(L))
     cache, outs, start = init_attention_cache(B, H, L + spare, D), [], 0

@@ -24,8 +24,7 @@ from numpy_ref import (
 )
 from numpy_ref.decoder import DECODER_DROPOUT_SITES
 
-from .fd import check_backward
-from .test_encoder import _perturbed
+from .fd import check_backward, perturbed
 
 B, L, S, D, F, H = 2, 5, 7, 12, 20, 3
 SAMPLE = 16  # fd.py: 16 coordinates + 3 random directions per leaf of more than 16 elements
@@ -122,7 +121,7 @@ LAYER_CASES = {
 
 def _layer_case(seed, self_mask, memory_mask, norm_first, activation, p, S=S):
     rng = np.random.default_rng(seed)
-    params = _perturbed(init_decoder_layer(rng, D, F), rng)
+    params = perturbed(init_decoder_layer(rng, D, F), rng)
     x, memory = rng.standard_normal((B, L, D)), rng.standard_normal((B, S, D))
     masks = _dropout_masks(rng, p, S) if p else None
     kwargs = {"x": x, "memory": memory, "params": params, "num_heads": H,
@@ -212,7 +211,7 @@ STACK_CASES = {
                          ids=STACK_CASES.keys())
 def test_decoder_backward_matches_finite_differences(num_layers, norm_first, final_norm, activation, p):
     rng = np.random.default_rng(3)
-    params = _perturbed(init_decoder(rng, num_layers, D, F, final_norm=final_norm), rng)
+    params = perturbed(init_decoder(rng, num_layers, D, F, final_norm=final_norm), rng)
     x, memory = rng.standard_normal((B, L, D)), rng.standard_normal((B, S, D))
     masks = [_dropout_masks(rng, p) for _ in range(num_layers)] if p else None
     self_mask, memory_mask = combine_masks(CAUSAL, TGT_PADDING), MEMORY_ROW_MASKED
@@ -268,7 +267,7 @@ def test_post_norm_layer_equals_its_three_line_formula():
 
 
 def _stack(rng, norm_first, num_layers=2):
-    return _perturbed(init_decoder(rng, num_layers, D, F, final_norm=norm_first), rng)
+    return perturbed(init_decoder(rng, num_layers, D, F, final_norm=norm_first), rng)
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])

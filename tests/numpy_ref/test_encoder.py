@@ -22,7 +22,7 @@ from numpy_ref import (
 )
 from numpy_ref.encoder import DROPOUT_SITES
 
-from .fd import check_backward
+from .fd import check_backward, perturbed
 
 B, L, D, F, H = 2, 5, 12, 20, 3
 # finite differences on 16 coordinates + 3 random directions per leaf of more
@@ -37,13 +37,6 @@ MASKS = {"none": None, "padding": PADDING, "causal": CAUSAL,
          "padding+causal": combine_masks(PADDING, CAUSAL), "fully-masked-row": FULLY_MASKED_ROW}
 
 
-def _perturbed(params, rng):
-    """Init params plus noise, so no bias is 0 and no gamma is 1 (symmetries hide bugs)."""
-    if isinstance(params, dict):
-        return {k: _perturbed(v, rng) for k, v in params.items()}
-    if isinstance(params, list):
-        return [_perturbed(v, rng) for v in params]
-    return params + 0.1 * rng.standard_normal(params.shape)
 
 
 def _dropout_masks(rng, p):
@@ -106,7 +99,7 @@ LAYER_CASES = {
 @pytest.mark.parametrize("mask, norm_first, activation, p", LAYER_CASES.values(), ids=LAYER_CASES.keys())
 def test_encoder_layer_backward_matches_finite_differences(mask, norm_first, activation, p):
     rng = np.random.default_rng(0)
-    params = _perturbed(init_encoder_layer(rng, D, F), rng)
+    params = perturbed(init_encoder_layer(rng, D, F), rng)
     x = rng.standard_normal((B, L, D))
     masks = _dropout_masks(rng, p) if p else None
     kwargs = {"x": x, "params": params, "num_heads": H, "mask": MASKS[mask],
@@ -132,7 +125,7 @@ STACK_CASES = {
 @pytest.mark.parametrize("norm_first, final_norm, activation, p", STACK_CASES.values(), ids=STACK_CASES.keys())
 def test_encoder_backward_matches_finite_differences(norm_first, final_norm, activation, p):
     rng = np.random.default_rng(1)
-    params = _perturbed(init_encoder(rng, 2, D, F, final_norm=final_norm), rng)
+    params = perturbed(init_encoder(rng, 2, D, F, final_norm=final_norm), rng)
     x = rng.standard_normal((B, L, D))
     masks = [_dropout_masks(rng, p), _dropout_masks(rng, p)] if p else None
     mask = combine_masks(PADDING, CAUSAL)
@@ -154,7 +147,7 @@ def test_encoder_backward_matches_finite_differences(norm_first, final_norm, act
 
 
 def _stack(rng, norm_first):
-    return _perturbed(init_encoder(rng, 2, D, F, final_norm=norm_first), rng)
+    return perturbed(init_encoder(rng, 2, D, F, final_norm=norm_first), rng)
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
@@ -186,7 +179,7 @@ def test_padding_output_at_real_positions_ignores_padded_tokens(norm_first):
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 def test_fully_masked_row_gives_finite_output_and_gradients(norm_first):
     rng = np.random.default_rng(4)
-    params, x = _perturbed(init_encoder_layer(rng, D, F), rng), rng.standard_normal((B, L, D))
+    params, x = perturbed(init_encoder_layer(rng, D, F), rng), rng.standard_normal((B, L, D))
     out = encoder_layer(x, params, H, mask=FULLY_MASKED_ROW, norm_first=norm_first)
     g = encoder_layer_backward(np.ones_like(out), x, params, H, mask=FULLY_MASKED_ROW, norm_first=norm_first)
     assert np.isfinite(out).all() and np.isfinite(g["x"]).all()
@@ -194,7 +187,7 @@ def test_fully_masked_row_gives_finite_output_and_gradients(norm_first):
 
 def test_post_norm_layer_equals_its_two_line_formula():
     rng = np.random.default_rng(5)
-    params, x = _perturbed(init_encoder_layer(rng, D, F), rng), rng.standard_normal((B, L, D))
+    params, x = perturbed(init_encoder_layer(rng, D, F), rng), rng.standard_normal((B, L, D))
     a, _ = multi_head_attention(x, x, x, params["self_attn"], H, mask=PADDING)
     h = layer_norm(x + a, params["norm1"])
     ffn = params["ffn"]
@@ -228,7 +221,7 @@ def test_float32_in_float32_out_for_the_stack_and_its_gradients():
 
 def test_missing_dropout_masks_are_drawn_from_rng_in_site_order():
     rng = np.random.default_rng(7)
-    params, x = _perturbed(init_encoder_layer(rng, D, F), rng), rng.standard_normal((B, L, D))
+    params, x = perturbed(init_encoder_layer(rng, D, F), rng), rng.standard_normal((B, L, D))
     drawn = encoder_layer(x, params, H, dropout_p=0.2, rng=np.random.default_rng(8))
     given = _dropout_masks(np.random.default_rng(8), 0.2)  # the same draws, same order
     assert list(given) == list(DROPOUT_SITES)
@@ -239,7 +232,7 @@ def test_missing_dropout_masks_are_drawn_from_rng_in_site_order():
 def test_explicit_dropout_mask_changes_only_its_own_site():
     # dropping the whole FFN residual branch leaves norm2(h) with h the attention block's output
     rng = np.random.default_rng(9)
-    params, x = _perturbed(init_encoder_layer(rng, D, F), rng), rng.standard_normal((B, L, D))
+    params, x = perturbed(init_encoder_layer(rng, D, F), rng), rng.standard_normal((B, L, D))
     masks = {site: np.ones(shape, bool) for site, shape in
              [("attention", (B, H, L, L)), ("ffn", (B, L, F)), ("residual_attn", (B, L, D))]}
     masks["residual_ffn"] = np.zeros((B, L, D), bool)

@@ -29,7 +29,7 @@ from numpy_ref._contract.checks import DECODER_DROPOUT_SITES, DROPOUT_SITES
 from numpy_ref._contract.trees import flatten
 from numpy_ref.transformer import _decode_cached, _decode_recomputed
 
-from .fd import check_backward
+from .fd import check_backward, perturbed
 
 B, S, L, D, F, H, Vs, Vt = 2, 5, 4, 12, 16, 3, 7, 9
 BOS = 1
@@ -40,18 +40,11 @@ DECODER_SITES = {"attention": (B, H, L, L), "cross_attention": (B, H, L, S), "ff
                  "residual_attn": (B, L, D), "residual_cross": (B, L, D), "residual_ffn": (B, L, D)}
 
 
-def _perturbed(params, rng):
-    """Init params plus noise, so no bias is 0 and no gamma is 1 (symmetries hide bugs)."""
-    if isinstance(params, dict):
-        return {k: _perturbed(v, rng) for k, v in params.items()}
-    if isinstance(params, list):
-        return [_perturbed(v, rng) for v in params]
-    return params + 0.1 * rng.standard_normal(params.shape)
 
 
 def _model(rng, *, tie=False, layers=(1, 1), final_norm=True):
     params = init_transformer(rng, Vs, Vt, D, F, *layers, final_norm=final_norm, tie_embeddings=tie)
-    return _perturbed(params, rng)
+    return perturbed(params, rng)
 
 
 def _tokens(rng):
