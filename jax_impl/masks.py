@@ -73,7 +73,7 @@ def causal_mask(Lq, Lk=None, *, align="top_left"):
     Returns:
       bool ``(Lq, Lk)``, equal to ``jnp.tril(jnp.ones((Lq, Lk), bool), k=offset)``.
     """
-    Lq, Lk, align = rules.causal_mask(Lq, Lk, align)  # SPEC 3.2 / 5: non-negative static ints, a known align
+    Lq, Lk, align = rules.causal_mask(Lq, Lk, align)  # SPEC 3.2 / 3.19: non-negative static ints, a known align
     offset = 0 if align == "top_left" else Lk - Lq
     return jnp.arange(Lk)[None, :] <= jnp.arange(Lq)[:, None] + offset  # (Lq, Lk)
 

@@ -64,7 +64,7 @@ def causal_mask(Lq, Lk=None, *, align="top_left"):
     Returns:
       bool ``(Lq, Lk)``, equal to ``np.tril(np.ones((Lq, Lk), bool), k=offset)``.
     """
-    Lq, Lk, align = rules.causal_mask(Lq, Lk, align)  # SPEC 3.2 / 5: non-negative ints, a known align
+    Lq, Lk, align = rules.causal_mask(Lq, Lk, align)  # SPEC 3.2 / 3.19: non-negative ints, a known align
     offset = 0 if align == "top_left" else Lk - Lq
     return np.arange(Lk)[None, :] <= np.arange(Lq)[:, None] + offset  # (Lq, Lk)
 

@@ -70,7 +70,7 @@ def causal_mask(Lq, Lk=None, device=None, *, align="top_left"):
     Returns:
       bool ``(Lq, Lk)``, equal to ``torch.ones(Lq, Lk, dtype=torch.bool).tril(offset)``.
     """
-    Lq, Lk, align = rules.causal_mask(Lq, Lk, align)  # SPEC 3.2 / 5: non-negative ints, a known align
+    Lq, Lk, align = rules.causal_mask(Lq, Lk, align)  # SPEC 3.2 / 3.19: non-negative ints, a known align
     offset = 0 if align == "top_left" else Lk - Lq
     keys = torch.arange(Lk, device=device)[None, :]  # (1, Lk)
     queries = torch.arange(Lq, device=device)[:, None]  # (Lq, 1)
