@@ -47,7 +47,7 @@ import numpy as np
 
 from ._checks import _generator, float_dtype, rules
 from ._contract.checks import rng_error
-from .cache import decoder_step, init_decoder_cache
+from .cache import _decoder_step, _init_cache
 from .decoder import decoder, decoder_backward, init_decoder
 from .encoder import encoder, encoder_backward, init_encoder
 from .layers import _dropout, _matmul, _sum, _upcast
@@ -397,13 +397,13 @@ def _decode_cached(src, params, num_heads, bos, max_len, src_lengths, tie_embedd
         return tokens
     memory, src_mask = _encode_source(src, params, num_heads, src_lengths, norm_first,
                                       activation, eps)
-    cache = init_decoder_cache(memory, params["decoder"], num_heads, max_len)
+    cache = _init_cache(memory, params["decoder"], num_heads, max_len)  # checked by the caller's rule
     pe = _positions(max_len, params)  # (max_len, D)
     y = np.full((B, 1), bos, dtype=np.int64)  # (B, 1): the token read at step t
     for t in range(max_len):
         x = _embed(params["tgt_embed"], y, pe[t: t + 1])  # (B, 1, D), at position t
-        out, cache = decoder_step(x, cache, params["decoder"], num_heads, memory_mask=src_mask,
-                                  norm_first=norm_first, activation=activation, eps=eps)
+        out, cache = _decoder_step(x, cache, params["decoder"], num_heads, src_mask, norm_first,
+                                   activation, eps)  # (B, 1, D)
         tokens[:, t] = choose(_project(out[:, 0], params, tie_embeddings))  # (B,)
         y = tokens[:, t: t + 1]
     return tokens
