@@ -399,15 +399,21 @@ class Rules(ArrayRules):
 
     def _source(self, src, src_lengths, params, sizes) -> int:
         """``src (B, Ls)`` ids in ``[0, Vs)``, ``src_lengths``, every param on src's device; B."""
-        self.tokens(src, "src", ("B", "Ls"), {}, "Vs", sizes["Vs"])
-        B, Ls = (int(n) for n in src.shape)
-        if src_lengths is not None:
-            self.array(src_lengths, "src_lengths")
-        self.lengths(src_lengths, "src_lengths", B, "Ls", Ls)
-        self.same_device(src_lengths, "src_lengths", src, "src")
+        B, _ = self._source_tokens(src, src_lengths, "Ls", sizes["Vs"])
         for name, x in self._seq2seq_leaves(params, "attention" in params).items():
             self.same_device(x, name, src, "src")
         return B
+
+    def _source_tokens(self, src, src_lengths, letter: str, Vs: int) -> tuple:
+        """``src (B, <letter>)`` ids in ``[0, Vs)`` and ``src_lengths (B,)`` in
+        ``[0, <letter>]`` on src's device; returns ``(B, length)``."""
+        self.tokens(src, "src", ("B", letter), {}, "Vs", Vs)
+        B, L = (int(n) for n in src.shape)
+        if src_lengths is not None:
+            self.array(src_lengths, "src_lengths")
+        self.lengths(src_lengths, "src_lengths", B, letter, L)
+        self.same_device(src_lengths, "src_lengths", src, "src")
+        return B, L
 
     def _seq2seq_params(self, params, attention: bool) -> dict:
         """Keys, array leaves, one float dtype, then every shape; the sizes."""
@@ -781,12 +787,7 @@ class Rules(ArrayRules):
         number > 0): the transformer's params and ``src``; ``bos`` a token id in
         ``[0, Vt)``; ``max_len >= 0``. Returns ``(bos, max_len)`` as Python ints."""
         sizes, _ = self._transformer_params(params, tie_embeddings)
-        self.tokens(src, "src", ("B", "S"), {}, "Vs", sizes["Vs"])
-        B, S = (int(n) for n in src.shape)
-        if src_lengths is not None:
-            self.array(src_lengths, "src_lengths")
-        self.lengths(src_lengths, "src_lengths", B, "S", S)
-        self.same_device(src_lengths, "src_lengths", src, "src")
+        self._source_tokens(src, src_lengths, "S", sizes["Vs"])
         self._params_on(params, src)
         self.heads(num_heads, sizes["D"])
         bos = self.integer(bos, "bos")
