@@ -85,6 +85,55 @@ class Rules(ArrayRules):
         for name, x in (("k", k), ("v", v)):
             self.same_device(x, name, q, "q")
 
+    def blockwise(self, q, k, v, mask, bias, scale, block_q, block_k, causal, window, align):
+        """``blockwise_attention``: sdpa's arrays (no dropout), positive block
+        sizes, a causal flag, a window, an alignment.
+
+        Returns ``(block_q, block_k, window)`` as Python ints and a ``(left, right)``
+        pair (or None)."""
+        self.sdpa(q, k, v, mask, bias, scale, 0.0, None)
+        block_q, block_k = self.count(block_q, "block_q", 1), self.count(block_k, "block_k", 1)
+        self.flag(causal, "causal")
+        window = self.window(window)
+        self.choice(align, "align", ALIGNS)
+        return block_q, block_k, window
+
+    def window(self, window):
+        """A sliding window: None, or a pair ``(left, right)`` of non-negative ints
+        or None (no bound on that side). Returns a tuple or None."""
+        if window is None:
+            return None
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            got = f"a {type(window).__name__} of length {len(window)}" if isinstance(window, (tuple, list)) \
+                else _value_str(window)
+            raise TypeError(f"window: expected None or a pair (left, right) of non-negative ints (or None), got {got}")
+        return tuple(None if w is None else self.count(w, f"window[{i}]") for i, w in enumerate(window))
+
+    def blockwise_cotangents(self, d_out, q, v, out, lse):
+        """``blockwise_attention_backward``'s ``d_out`` (an array, or a pair
+        ``(d_out, d_lse)``, either may be None) and the saved ``out``/``lse``
+        (each optional): ``(*batch, Lq, Dv)`` and ``(*batch, Lq)``.
+
+        Returns ``(d_out, d_lse)``."""
+        d_lse = None
+        if isinstance(d_out, (tuple, list)):
+            if len(d_out) != 2:
+                raise ValueError("d_out: expected an array or a pair (d_out, d_lse), "
+                                 f"got a {type(d_out).__name__} of length {len(d_out)}")
+            d_out, d_lse = d_out
+        batch = ("B", "H")[: q.ndim - 2]
+        out_spec = ((*batch, "Lq", "Dv"), (*q.shape[:-1], v.shape[-1]))
+        lse_spec = ((*batch, "Lq"), tuple(q.shape[:-1]))
+        self.arrays({}, {"d_out": d_out, "d_lse": d_lse, "out": out, "lse": lse})
+        for x, name, (letters, shape) in ((d_out, "d_out", out_spec), (d_lse, "d_lse", lse_spec),
+                                          (out, "out", out_spec), (lse, "lse", lse_spec)):
+            if x is not None:
+                self.float_(x, name)
+                self.shape(x, name, letters, dict(zip(letters, shape)))
+                self.same_device(x, name, q, "q")
+        self.same_float_dtype({"q": q, "d_out": d_out, "out": out})
+        return d_out, d_lse
+
     def additive(self, query, keys, params, mask):
         """``additive_attention``; returns the mask with a size-1 head axis dropped."""
         named = self.leaves(params, "params", _ADDITIVE)
@@ -930,6 +979,14 @@ class Rules(ArrayRules):
         Lk = Lq if Lk is None else self.count(Lk, "Lk")
         self.choice(align, "align", ALIGNS)
         return Lq, Lk, align
+
+    def sliding_window_mask(self, Lq, Lk, window, align="top_left"):
+        """``sliding_window_mask``: ``causal_mask``'s sizes and alignment, and a window
+        (a pair, not None). Returns ``(Lq, Lk, window, align)``."""
+        Lq, Lk, align = self.causal_mask(Lq, Lk, align)
+        if window is None:
+            raise TypeError("window: expected a pair (left, right) of non-negative ints (or None), got None")
+        return Lq, Lk, self.window(window), align
 
     def combine_masks(self, masks) -> list:
         """``combine_masks``: bool masks broadcastable with one another; None skipped.
