@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from ._checks import float_dtype, rules
 
-__all__ = ["padding_mask", "causal_mask", "combine_masks", "mask_to_bias"]
+__all__ = ["padding_mask", "causal_mask", "sliding_window_mask", "combine_masks", "mask_to_bias"]
 
 
 def padding_mask(lengths=None, max_len=None, *, tokens=None, pad_id=0):
@@ -76,6 +76,37 @@ def causal_mask(Lq, Lk=None, *, align="top_left"):
     Lq, Lk, align = rules.causal_mask(Lq, Lk, align)  # SPEC 3.2 / 3.19: non-negative static ints, a known align
     offset = 0 if align == "top_left" else Lk - Lq
     return jnp.arange(Lk)[None, :] <= jnp.arange(Lq)[:, None] + offset  # (Lq, Lk)
+
+
+def sliding_window_mask(Lq, Lk=None, *, window, align="top_left"):
+    """Local attention: each query sees the keys within a window around its position.
+
+    ``mask[i, j] = p - left <= j <= p + right`` with ``p = i + offset`` the
+    query's position among the keys (``offset`` as in :func:`causal_mask`).
+    A side that is None has no bound: ``window=(None, 0)`` is
+    :func:`causal_mask`, ``(w, 0)`` a causal window of ``w + 1`` keys,
+    ``(w, w)`` a symmetric one. ``blockwise_attention(window=...)`` computes
+    the same mask block by block and skips the blocks it hides.
+
+    Args:
+      Lq: number of queries.
+      Lk: number of keys, defaults to ``Lq``.
+      window: ``(left, right)``, each a non-negative int or None.
+      align: ``"top_left"`` or ``"bottom_right"``.
+
+    Returns:
+      bool ``(Lq, Lk)``.
+    """
+    Lq, Lk, (left, right), align = rules.sliding_window_mask(Lq, Lk, window, align)  # SPEC 3.22
+    offset = 0 if align == "top_left" else Lk - Lq
+    pos = jnp.arange(Lq)[:, None] + offset  # (Lq, 1): the position of each query
+    j = jnp.arange(Lk)[None, :]  # (1, Lk)
+    mask = jnp.ones((Lq, Lk), dtype=bool)
+    if left is not None:
+        mask = mask & (j >= pos - left)
+    if right is not None:
+        mask = mask & (j <= pos + right)
+    return mask  # (Lq, Lk)
 
 
 def combine_masks(*masks):

@@ -13,7 +13,7 @@ import numpy as np
 
 from ._checks import float_dtype, rules
 
-__all__ = ["padding_mask", "causal_mask", "combine_masks", "mask_to_bias"]
+__all__ = ["padding_mask", "causal_mask", "sliding_window_mask", "combine_masks", "mask_to_bias"]
 
 
 def padding_mask(lengths=None, max_len=None, *, tokens=None, pad_id=0):
@@ -67,6 +67,39 @@ def causal_mask(Lq, Lk=None, *, align="top_left"):
     Lq, Lk, align = rules.causal_mask(Lq, Lk, align)  # SPEC 3.2 / 3.19: non-negative ints, a known align
     offset = 0 if align == "top_left" else Lk - Lq
     return np.arange(Lk)[None, :] <= np.arange(Lq)[:, None] + offset  # (Lq, Lk)
+
+
+def sliding_window_mask(Lq, Lk=None, *, window, align="top_left"):
+    """Local attention: each query sees the keys within a window around its position.
+
+    ``mask[i, j] = p - left <= j <= p + right`` with ``p = i + offset`` the
+    query's position among the keys (``offset`` as in :func:`causal_mask`:
+    0 for ``"top_left"``, ``Lk - Lq`` for ``"bottom_right"``). A side that
+    is None has no bound: ``window=(None, 0)`` is :func:`causal_mask`,
+    ``window=(w, 0)`` a causal window of ``w + 1`` keys (Mistral, Longformer's
+    one-sided window), ``window=(w, w)`` a symmetric one.
+    :func:`~numpy_ref.blockwise.blockwise_attention` computes the same mask
+    block by block from positions (``window=``) and skips the blocks it hides.
+
+    Args:
+      Lq: number of queries.
+      Lk: number of keys, defaults to ``Lq``.
+      window: ``(left, right)``, each a non-negative int or None.
+      align: ``"top_left"`` or ``"bottom_right"``.
+
+    Returns:
+      bool ``(Lq, Lk)``.
+    """
+    Lq, Lk, (left, right), align = rules.sliding_window_mask(Lq, Lk, window, align)  # SPEC 3.22
+    offset = 0 if align == "top_left" else Lk - Lq
+    pos = np.arange(Lq)[:, None] + offset  # (Lq, 1): the position of each query
+    j = np.arange(Lk)[None, :]  # (1, Lk)
+    mask = np.ones((Lq, Lk), dtype=bool)
+    if left is not None:
+        mask &= j >= pos - left
+    if right is not None:
+        mask &= j <= pos + right
+    return mask  # (Lq, Lk)
 
 
 def combine_masks(*masks):

@@ -17,7 +17,7 @@ import torch
 
 from ._checks import float_dtype, rules
 
-__all__ = ["padding_mask", "causal_mask", "combine_masks", "mask_to_bias"]
+__all__ = ["padding_mask", "causal_mask", "sliding_window_mask", "combine_masks", "mask_to_bias"]
 
 
 def padding_mask(lengths=None, max_len=None, *, tokens=None, pad_id=0):
@@ -75,6 +75,38 @@ def causal_mask(Lq, Lk=None, device=None, *, align="top_left"):
     keys = torch.arange(Lk, device=device)[None, :]  # (1, Lk)
     queries = torch.arange(Lq, device=device)[:, None]  # (Lq, 1)
     return keys <= queries + offset  # (Lq, Lk)
+
+
+def sliding_window_mask(Lq, Lk=None, device=None, *, window, align="top_left"):
+    """Local attention: each query sees the keys within a window around its position.
+
+    ``mask[i, j] = p - left <= j <= p + right`` with ``p = i + offset`` the
+    query's position among the keys (``offset`` as in :func:`causal_mask`).
+    A side that is None has no bound: ``window=(None, 0)`` is
+    :func:`causal_mask`, ``(w, 0)`` a causal window of ``w + 1`` keys,
+    ``(w, w)`` a symmetric one. ``blockwise_attention(window=...)`` computes
+    the same mask block by block and skips the blocks it hides.
+
+    Args:
+      Lq: number of queries.
+      Lk: number of keys, defaults to ``Lq``.
+      device: where to build the mask (torch only).
+      window: ``(left, right)``, each a non-negative int or None.
+      align: ``"top_left"`` or ``"bottom_right"``.
+
+    Returns:
+      bool ``(Lq, Lk)``.
+    """
+    Lq, Lk, (left, right), align = rules.sliding_window_mask(Lq, Lk, window, align)  # SPEC 3.22
+    offset = 0 if align == "top_left" else Lk - Lq
+    pos = torch.arange(Lq, device=device)[:, None] + offset  # (Lq, 1): the position of each query
+    j = torch.arange(Lk, device=device)[None, :]  # (1, Lk)
+    mask = torch.ones((Lq, Lk), dtype=bool, device=device)
+    if left is not None:
+        mask = mask & (j >= pos - left)
+    if right is not None:
+        mask = mask & (j <= pos + right)
+    return mask  # (Lq, Lk)
 
 
 def combine_masks(*masks):

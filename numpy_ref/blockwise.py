@@ -1,0 +1,292 @@
+"""Blockwise (memory-efficient) attention: the online softmax, forward and backward.
+
+The same function as :func:`~numpy_ref.attention.scaled_dot_product_attention`
+(masks by selection, ``-inf`` scores count as masked, a fully masked row
+gives 0), computed one block of scores at a time, so that no ``(Lq, Lk)``
+array ever exists: the algorithm of memory-efficient attention (Milakov &
+Gimelshein 2018, Rabe & Staats 2021) and of every fused "flash" kernel
+(Dao et al. 2022, 2023). It also returns the row's log-sum-exp ``lse``,
+which is all the backward needs, and all that a merge of partial results
+needs (docs/SPEC.md 3.22).
+
+The forward: the online softmax. For one query row, with the valid scores
+``s_j`` of the key blocks seen so far, keep the running max ``m``, the
+running sum ``l = Σ exp(s_j - m)`` and the running output
+``acc = Σ exp(s_j - m) v_j``. A new block with scores ``s'`` moves the max
+to ``m' = max(m, max s')``; the old terms were scaled by ``exp(-m)`` and must
+now be scaled by ``exp(-m')``, so both sums are multiplied by
+``alpha = exp(m - m')`` before the block's own terms are added::
+
+    l'   = alpha · l   + Σ exp(s' - m')
+    acc' = alpha · acc + Σ exp(s' - m') v'
+
+After the last block ``out = acc / l`` (the softmax's ``1 / Σ exp`` applied
+once) and ``lse = m + log l = log Σ_j exp(s_j)``. The order of the blocks
+changes nothing but rounding. A row that has seen no valid score keeps
+``m = -inf``, ``l = 0``, ``acc = 0``: every ``-inf - -inf`` is avoided by
+using 0 in place of an infinite max, and the row ends with ``out = 0``,
+``lse = -inf`` (SPEC 3.4).
+
+The backward needs no saved probabilities: ``P_ij = exp(s_ij - lse_i)``
+rebuilds any block of the softmax exactly. With ``dO`` the cotangent of out
+and ``dL`` that of lse (``∂lse_i / ∂s_ij = P_ij``)::
+
+    dV  = Σ_blocks Pᵀ dO            dP = dO Vᵀ
+    D_i = Σ_d dO_id O_id − dL_i      (= Σ_j P_ij dP_ij − dL_i, since O = P V)
+    dS  = P ∘ (dP − D)               (the softmax's Jacobian, and the lse term)
+    dQ  = scale · dS K               dK = scale · dSᵀ Q       dbias = dS
+
+one block at a time, accumulating ``dQ``, ``dK``, ``dV`` (FlashAttention-2's
+backward; ``D`` is computed once per row from ``out``, so the row sum over
+all keys that the softmax's Jacobian needs is never formed from blocks).
+
+Blocks: the queries are cut into blocks of ``block_q`` rows, the keys into
+blocks of ``block_k``; :func:`block_schedule` says which pairs are computed.
+Causal and sliding-window attention (``causal``, ``window``, ``align``) are
+*structural*: computed from positions inside each block and used to skip the
+blocks they mask entirely. ``mask`` and ``bias`` arrays are sliced per block
+(their broadcast axes stay size 1). Half precision (float16, bfloat16) runs
+the whole recurrence in float32 and rounds ``out`` once; ``lse`` stays
+float32 (as FlashAttention's).
+
+Shape legend: ``*batch`` is ``(B,)`` or ``(B, H)``; ``Lq``, ``Lk`` query and
+key lengths; ``Dk``, ``Dv`` key and value widths; ``bq``, ``bk`` the sizes of
+one block.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._checks import rules
+from ._contract import blocks as _blocks
+from ._contract.checks import ALIGNS
+from .attention import _scale, _sum_to_shape
+from .layers import _upcast
+
+__all__ = ["blockwise_attention", "blockwise_attention_backward", "block_schedule"]
+
+
+def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=None, align="top_left"):
+    """Which ``(query block, key block)`` pairs :func:`blockwise_attention` computes.
+
+    Query row ``i`` sits at key position ``p = i + offset`` (``offset = 0``
+    for ``align="top_left"``, ``Lk - Lq`` for ``"bottom_right"``) and sees
+    keys ``p - left <= j <= p + right`` (``window=(left, right)``, a None side
+    unbounded; ``causal=True`` caps ``right`` at 0). A key block that no row of
+    a query block can see is skipped.
+
+    Args:
+      Lq, Lk: query and key lengths (non-negative ints).
+      block_q, block_k, causal, window, align: as for :func:`blockwise_attention`.
+
+    Returns:
+      a ``BlockSchedule``: ``rows`` (per query block ``(q0, q1, kb0, kb1)``),
+      ``pairs()``, ``visited``, ``total``, ``work()``.
+    """
+    Lq, Lk = rules.count(Lq, "Lq"), rules.count(Lk, "Lk")
+    block_q, block_k = rules.count(block_q, "block_q", 1), rules.count(block_k, "block_k", 1)
+    rules.flag(causal, "causal")
+    window = rules.window(window)
+    rules.choice(align, "align", ALIGNS)
+    return _blocks.block_schedule(Lq, Lk, block_q, block_k, causal, window, align)
+
+
+def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *,
+                        block_q=128, block_k=128, causal=False, window=None, align="top_left"):
+    """Scaled dot-product attention by the online softmax, one block of scores at a time.
+
+    ``out = softmax(q kᵀ · scale + bias, valid) v`` and
+    ``lse = log Σ_valid exp(q kᵀ · scale + bias)`` per query row, where a score
+    is valid iff ``mask`` allows it, the causal/window structure allows it and
+    it is not ``-inf``. Equal to :func:`scaled_dot_product_attention`'s ``out``
+    with ``mask & sliding_window_mask(...)``, for every block size.
+
+    Args:
+      q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
+      k: ``(*batch, Lk, Dk)``.
+      v: ``(*batch, Lk, Dv)``.
+      mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
+      bias: optional float, broadcastable to ``(*batch, Lq, Lk)``, added to
+        the scores; ``-inf`` entries count as masked.
+      scale: optional float multiplying ``q kᵀ``; ``1 / sqrt(Dk)`` by default.
+      block_q, block_k: block sizes, positive ints (clipped to ``Lq``/``Lk``).
+      causal: query position ``p`` sees keys ``j <= p``.
+      window: None or ``(left, right)``: position ``p`` sees keys
+        ``p - left <= j <= p + right`` (a None side is unbounded).
+      align: ``"top_left"`` (query ``i`` at position ``i``) or
+        ``"bottom_right"`` (at ``i + Lk - Lq``), as :func:`causal_mask`.
+
+    Returns:
+      ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; a row with no valid score
+      has ``out = 0`` and ``lse = -inf``. ``lse`` is float32 for half inputs.
+    """
+    block_q, block_k, window = rules.blockwise(  # SPEC 3.22: sdpa's arrays, block sizes, window
+        q, k, v, mask, bias, scale, block_q, block_k, causal, window, align)
+    sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
+    out, lse = _forward(q, k, v, mask, bias, _scale(q, scale), sched)
+    return out.astype(q.dtype, copy=False), lse  # rounded once
+
+
+def blockwise_attention_backward(d_out, q, k, v, mask=None, bias=None, scale=None, *,
+                                 block_q=128, block_k=128, causal=False, window=None,
+                                 align="top_left", out=None, lse=None):
+    """Gradient of :func:`blockwise_attention`, from ``(out, lse)`` alone.
+
+    Per visited block: ``P = exp(s - lse)`` (0 where not valid), ``dV += Pᵀ dO``,
+    ``dP = dO Vᵀ``, ``dS = P ∘ (dP - D)`` with ``D = rowsum(dO ∘ out) - d_lse``,
+    ``dQ += scale · dS K``, ``dK += scale · dSᵀ Q``, ``dbias += dS`` (summed to
+    bias's shape). No more than one block of scores exists at a time.
+
+    Args:
+      d_out: cotangent of ``out`` ``(*batch, Lq, Dv)``, or a pair
+        ``(d_out, d_lse)`` with ``d_lse (*batch, Lq)``; either may be None.
+      q, k, v, mask, bias, scale, block_q, block_k, causal, window, align: as
+        for the forward.
+      out, lse: the forward's results, when saved; recomputed when None.
+
+    Returns:
+      ``{"q", "k", "v"}`` and ``"bias"`` (bias's own shape) when bias is given.
+    """
+    block_q, block_k, window = rules.blockwise(  # SPEC 3.22
+        q, k, v, mask, bias, scale, block_q, block_k, causal, window, align)
+    d_out, d_lse = rules.blockwise_cotangents(d_out, q, v, out, lse)  # (*batch, Lq, Dv), (*batch, Lq)
+    sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
+    scale = _scale(q, scale)
+    if out is None or lse is None:
+        out, lse = _forward(q, k, v, mask, bias, scale, sched)
+    grads = _backward(d_out, d_lse, q, k, v, mask, bias, scale, sched, _upcast(out), _upcast(lse))
+    return {name: g.astype(q.dtype, copy=False) for name, g in grads.items()}
+
+
+# --------------------------------------------------------------------------
+# the recurrences
+
+
+def _forward(q, k, v, mask, bias, scale, sched):
+    """The online softmax over ``sched``'s blocks: ``(out, lse)`` in the compute dtype."""
+    q, k, v = _upcast(q), _upcast(k), _upcast(v)  # float32 for half inputs
+    batch = q.shape[:-2]
+    out = np.zeros((*batch, sched.Lq, v.shape[-1]), dtype=v.dtype)  # (*batch, Lq, Dv)
+    lse = np.full((*batch, sched.Lq), -np.inf, dtype=q.dtype)  # (*batch, Lq)
+    for q0, q1, kb0, kb1 in sched.rows:
+        m = np.full((*batch, q1 - q0, 1), -np.inf, dtype=q.dtype)  # running max (*batch, bq, 1)
+        l = np.zeros_like(m)  # running sum of exp(s - m)   (*batch, bq, 1)
+        acc = np.zeros((*batch, q1 - q0, v.shape[-1]), dtype=v.dtype)  # running Σ exp(s - m) v
+        for k0, k1 in _key_blocks(sched, kb0, kb1):
+            s, valid, k_b, v_b, _ = _scores(q, k, v, mask, bias, scale, sched, q0, q1, k0, k1)
+            m_new = np.maximum(m, np.max(np.where(valid, s, -np.inf), axis=-1, keepdims=True))
+            m_use = np.where(m_new == -np.inf, 0, m_new)  # a row with nothing valid yet: no -inf - -inf
+            alpha = np.exp(m - m_use)  # rescales the old terms; 0 while m = -inf
+            p = np.where(valid, np.exp(np.where(valid, s, m_use) - m_use), 0)  # (*batch, bq, bk)
+            l = alpha * l + p.sum(axis=-1, keepdims=True)
+            acc = alpha * acc + p @ v_b  # (*batch, bq, Dv)
+            m = m_new
+        empty = l == 0  # no valid score in the whole row
+        out[..., q0:q1, :] = acc / np.where(empty, 1, l)  # 0 / 1 = 0 for an empty row
+        lse[..., q0:q1] = np.where(empty, -np.inf, m + np.log(np.where(empty, 1, l)))[..., 0]
+    return out, lse
+
+
+def _backward(d_out, d_lse, q, k, v, mask, bias, scale, sched, out, lse):
+    """FlashAttention-2's backward over ``sched``'s blocks, from ``(out, lse)``."""
+    q, k, v = _upcast(q), _upcast(k), _upcast(v)  # float32 for half inputs
+    d_out = np.zeros_like(out) if d_out is None else _upcast(d_out)  # (*batch, Lq, Dv)
+    D = np.sum(d_out * out, axis=-1)  # (*batch, Lq): rowsum(dO ∘ O) = rowsum(P ∘ dP)
+    if d_lse is not None:
+        D = D - _upcast(d_lse)  # ∂lse/∂s = P: the lse cotangent joins the softmax's row term
+    lse_use = np.where(lse == -np.inf, 0, lse)  # an empty row: P is 0 there anyway
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    dbias, bias_full = None, None
+    if bias is not None:
+        bias_full = _full_rank(bias, q.ndim)  # (*batch|1, Lq|1, Lk|1)
+        dbias = np.zeros(bias_full.shape, dtype=q.dtype)
+    for q0, q1, k0, k1 in sched.pairs():
+        s, valid, k_b, v_b, read = _scores(q, k, v, mask, bias, scale, sched, q0, q1, k0, k1)
+        rows = slice(q0, q1)
+        p = np.where(valid, np.exp(np.where(valid, s, 0) - lse_use[..., rows, None]), 0)  # (*batch, bq, bk)
+        do = d_out[..., rows, :]  # (*batch, bq, Dv)
+        dv[..., k0:k1, :] += _unread(np.swapaxes(p, -1, -2) @ do, read)  # Pᵀ dO
+        dp = do @ np.swapaxes(v_b, -1, -2)  # (*batch, bq, bk)
+        ds = p * (dp - D[..., rows, None])  # (*batch, bq, bk)
+        dq[..., rows, :] += ds @ k_b * scale
+        dk[..., k0:k1, :] += _unread(np.swapaxes(ds, -1, -2) @ q[..., rows, :] * scale, read)
+        if dbias is not None:
+            target = _block(bias_full, q0, q1, k0, k1)  # bias's block, broadcast axes size 1
+            dbias[_block_index(bias_full, q0, q1, k0, k1)] += _sum_to_shape(ds, target.shape)
+    grads = {"q": dq, "k": dk, "v": dv}
+    if dbias is not None:
+        grads["bias"] = dbias.reshape(bias.shape)
+    return grads
+
+
+def _key_blocks(sched, kb0, kb1):
+    return ((kb * sched.block_k, min((kb + 1) * sched.block_k, sched.Lk)) for kb in range(kb0, kb1))
+
+
+def _scores(q, k, v, mask, bias, scale, sched, q0, q1, k0, k1):
+    """One block: ``(s, valid, k_b, v_b, read)``.
+
+    ``valid`` combines the mask's block, the structural mask from positions
+    and ``s != -inf``; ``k_b``/``v_b`` have the rows that no query of the
+    block may read set to 0 (SPEC 3.4a, decided without the scores);
+    ``read`` ``(…, bk, 1)`` says which (None: every key).
+    """
+    allowed = None  # what the block's mask, structure and bias allow: (…, bq, bk) or None
+    if mask is not None:
+        allowed = _block(_full_rank(mask, q.ndim), q0, q1, k0, k1)
+    if sched.structural:
+        allowed = _and(allowed, _structure(sched, q0, q1, k0, k1))
+    bias_b = None
+    if bias is not None:
+        bias_b = _upcast(_block(_full_rank(bias, q.ndim), q0, q1, k0, k1))
+        allowed = _and(allowed, bias_b != -np.inf)
+    k_b, v_b = k[..., k0:k1, :], v[..., k0:k1, :]  # (*batch, bk, Dk), (*batch, bk, Dv)
+    read = None
+    if allowed is not None:
+        read = np.swapaxes(np.any(allowed, axis=-2, keepdims=True), -1, -2)  # (…, bk, 1)
+        k_b, v_b = np.where(read, k_b, 0), np.where(read, v_b, 0)
+    s = q[..., q0:q1, :] @ np.swapaxes(k_b, -1, -2) * scale  # (*batch, bq, bk)
+    if bias_b is not None:
+        s = s + bias_b
+    valid = s != -np.inf
+    if allowed is not None:
+        valid = valid & allowed
+    return s, valid, k_b, v_b, read
+
+
+def _structure(sched, q0, q1, k0, k1):
+    """The causal/window mask of one block from positions: ``(bq, bk)`` bool."""
+    pos = np.arange(q0, q1)[:, None] + sched.offset  # the key position of each query row
+    j = np.arange(k0, k1)[None, :]
+    ok = np.ones((q1 - q0, k1 - k0), dtype=bool)
+    if sched.left is not None:
+        ok &= j >= pos - sched.left
+    if sched.right is not None:
+        ok &= j <= pos + sched.right
+    return ok
+
+
+def _unread(g, read):
+    """A key block's gradient with the rows of keys no query of the block may read set to 0
+    (``k_b = where(read, k, 0)`` passes them gradient 0)."""
+    return g if read is None else np.where(read, g, 0)
+
+
+def _and(a, b):
+    return b if a is None else a & b
+
+
+def _full_rank(x, ndim):
+    """``x`` with leading size-1 axes up to ``ndim`` (a view)."""
+    return x.reshape((1,) * (ndim - x.ndim) + x.shape)
+
+
+def _block_index(x, q0, q1, k0, k1):
+    """The index of a block in the last two axes; an axis of size 1 is broadcast, taken whole."""
+    rows = slice(None) if x.shape[-2] == 1 else slice(q0, q1)
+    cols = slice(None) if x.shape[-1] == 1 else slice(k0, k1)
+    return (..., rows, cols)
+
+
+def _block(x, q0, q1, k0, k1):
+    return x[_block_index(x, q0, q1, k0, k1)]
