@@ -47,6 +47,7 @@ __all__ = ["Case", "CASES", "CASES_BY_NAME", "MODULES", "NOT_DIFFERENTIABLE", "c
 MODULES = {
     "padding_mask": "masks",
     "causal_mask": "masks",
+    "sliding_window_mask": "masks",
     "combine_masks": "masks",
     "mask_to_bias": "masks",
     "sinusoidal_encoding": "positional",
@@ -55,6 +56,7 @@ MODULES = {
     "scaled_dot_product_attention": "attention",
     "additive_attention": "attention",
     "multi_head_attention": "attention",
+    "blockwise_attention": "blockwise",
     "linear": "layers",
     "layer_norm": "layers",
     "feed_forward": "layers",
@@ -84,7 +86,7 @@ NOT_DIFFERENTIABLE = frozenset({"seq2seq_greedy", "attention_seq2seq_greedy", "g
 
 #: report order of the components (the first part of a case name)
 COMPONENTS = (
-    "masks", "positional", "softmax", "sdpa", "additive", "mha", "linear",
+    "masks", "positional", "softmax", "sdpa", "additive", "mha", "blockwise", "linear",
     "layer_norm", "feed_forward", "dropout", "encoder_layer", "encoder",
     "rnn", "gru", "seq2seq", "decoder_layer", "decoder", "cross_entropy", "transformer",
 )
@@ -1334,6 +1336,7 @@ def _fuzzed(spec: str, name: str | None = None, note: str = ""):
 
 # the decoder side (SPEC 3.18-3.21): its own module, appending to CASES with these helpers
 from . import cases_decoder  # noqa: E402,F401
+from . import cases_blockwise  # noqa: E402,F401
 
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "duplicate case names"

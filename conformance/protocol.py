@@ -56,11 +56,18 @@ OUTPUTS = {
     "scaled_dot_product_attention": ("out", "weights"),
     "additive_attention": ("out", "weights"),
     "multi_head_attention": ("out", "weights"),
+    "blockwise_attention": ("out", "lse"),
     "rnn": ("out", "h_n"),
     "gru": ("out", "h_n"),
     "attention_seq2seq": ("out", "weights"),
     "attention_seq2seq_greedy": ("out", "weights"),
 }
+
+
+#: outputs that stay float32 when the inputs are float16/bfloat16, as
+#: FlashAttention's: a log-sum-exp rounded to 8 bits would move every
+#: ``exp(s - lse)`` the backward rebuilds from it by up to 1%
+FLOAT32_OUTPUTS = frozenset({("blockwise_attention", "lse")})
 
 
 def output_names(function: str) -> tuple[str, ...]:

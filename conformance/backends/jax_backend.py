@@ -247,11 +247,11 @@ def _static_kwargs(static):
 
 
 def _is_config(value):
-    """A Python config value, or a list or tuple of ints (``decoder_incremental``'s
-    ``chunks``, a list once read back from the manifest's JSON: the step sizes fix
-    the shapes, so they are static)."""
+    """A Python config value, or a list or tuple of ints and Nones (``decoder_incremental``'s
+    ``chunks``, ``blockwise_attention``'s ``window``; a list once read back from
+    the manifest's JSON: they fix the shapes or the block schedule, so they are static)."""
     if isinstance(value, (list, tuple)):
-        return all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value)
+        return all(v is None or (isinstance(v, (int, np.integer)) and not isinstance(v, bool)) for v in value)
     return isinstance(value, (bool, int, float, str, np.integer, np.floating))
 
 

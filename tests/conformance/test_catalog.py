@@ -244,6 +244,10 @@ def scores(call: Call) -> np.ndarray:
         scale = 1 / np.sqrt(kw["q"].shape[-1]) if kw["scale"] is None else kw["scale"]
         s = kw["q"] @ np.swapaxes(kw["k"], -1, -2) * scale
         mask = kw["mask"]
+    elif fn == "blockwise_attention":  # the structure (causal, window) is not needed: large anywhere
+        scale = 1 / np.sqrt(kw["q"].shape[-1]) if kw["scale"] is None else kw["scale"]
+        s = kw["q"] @ np.swapaxes(kw["k"], -1, -2) * scale
+        mask = kw["mask"]
     elif fn == "multi_head_attention":
         p, H = kw["params"], kw["num_heads"]
         B, Lq, D = kw["query"].shape

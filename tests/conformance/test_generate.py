@@ -12,7 +12,7 @@ import pytest
 from conformance.__main__ import main
 from conformance.cases import CASES
 from conformance.fixtures import DEFAULT_DIR, case_file, load_fixture, load_manifest, save_npz
-from conformance.generate import NOISE_RTOL, FolderError, generate
+from conformance.generate import NOISE_RTOL, FolderError, generate, manifest_text
 
 # generating fixtures computes numpy_ref's bfloat16 reference errors, which needs ml_dtypes
 pytest.importorskip("ml_dtypes")
@@ -70,7 +70,7 @@ def _perturb(folder, name, key, relative):
     for entry in manifest["cases"]:
         if entry["name"] == name:
             entry["sha256"] = sha
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (folder / "manifest.json").write_text(manifest_text(manifest))
     return path.read_bytes()
 
 
@@ -163,7 +163,7 @@ def test_stale_removal_is_limited_to_the_files_the_old_manifest_lists(tmp_path, 
     listed = dict(template, name="sdpa/old/gone", file="sdpa__old__gone.npz")
     escaping = dict(template, name="sdpa/old/escaping", file="../outside.npz")
     manifest["cases"] += [listed, escaping]
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (folder / "manifest.json").write_text(manifest_text(manifest))
     (folder / "sdpa__old__gone.npz").write_bytes(b"listed: ours")
     (folder / "sdpa__old__unlisted.npz").write_bytes(b"not listed: a user's")
 
@@ -179,7 +179,7 @@ def test_stale_removal_is_limited_to_the_files_the_old_manifest_lists(tmp_path, 
 def test_a_file_the_manifest_does_not_list_is_not_overwritten(folder, capsys):
     manifest = _manifest(folder)
     manifest["cases"] = [e for e in manifest["cases"] if e["name"] != VALUE]
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (folder / "manifest.json").write_text(manifest_text(manifest))
     (folder / case_file(VALUE)).write_bytes(b"a user's file under a case's name")
     before = _snapshot(folder)
     code, _, err = _cli(capsys, "--out", str(folder))
@@ -191,7 +191,7 @@ def test_an_unlisted_file_equal_to_the_case_is_adopted_not_rewritten(folder):
     # what an interrupted run leaves: the new file written, the manifest not yet
     manifest = _manifest(folder)
     manifest["cases"] = [e for e in manifest["cases"] if e["name"] != VALUE]
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (folder / "manifest.json").write_text(manifest_text(manifest))
     data = (folder / case_file(VALUE)).read_bytes()
     report = generate(folder)
     assert VALUE in report.kept and report.written == []
@@ -292,7 +292,7 @@ def test_check_fails_on_a_damaged_copy_and_leaves_it_byte_for_byte_unchanged(fol
     extra = dict(manifest["cases"][0], name="masks/old/gone", file="masks__old__gone.npz")
     manifest["cases"].append(extra)
     manifest["cases"][1]["note"] = "edited"
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (folder / "manifest.json").write_text(manifest_text(manifest))
     (folder / "masks__old__gone.npz").write_bytes(b"stale")
     before = _snapshot(folder)
 
