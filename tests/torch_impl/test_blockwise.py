@@ -98,6 +98,8 @@ def make_case(name):
         kw["bias"] = randn(12, H, 1, Lk)
     elif name == "bias-broadcast-rows":
         kw["bias"] = randn(13, Lq, Lk)
+    elif name == "bias-keys":  # one bias per key, (Lk,), with causal structure
+        kw.update(bias=randn(17, Lk), causal=True)
     elif name == "bias-inf":
         kw["bias"] = _bias_with_inf((B, 1, Lq, Lk), 14)
     elif name == "all":  # padding & bias with -inf & causal bottom-right
@@ -128,7 +130,7 @@ CASES = [
     "causal-top_left-lq>lk", "causal-bottom_right-lq>lk",
     "window-2-1", "window-None-1", "window-2-None", "window-0-0", "window-1-3-causal",
     "window-2-1-bottom_right",
-    "bias-full", "bias-broadcast-heads", "bias-broadcast-rows", "bias-inf", "all",
+    "bias-full", "bias-broadcast-heads", "bias-broadcast-rows", "bias-keys", "bias-inf", "all",
     "rank3", "rank3-bias", "lq1", "lk0", "lq0",
 ]
 
@@ -273,12 +275,14 @@ def test_block_schedule_is_the_shared_one():
 
 #: worst |blockwise - float64 truth| allowed on inputs of order 1 (measured: see docs/TORCH.md)
 #: (worst over every case and block size: float32 out 2.7e-7, lse 3.2e-7, grads 1.2e-6;
-#: bfloat16 out 4.4e-3, lse 2.6e-7, grads 1.8e-2; the dense path in bfloat16: out 6.8e-3, grads 4.5e-2)
+#: float16 out 4.9e-4, lse 2.5e-7, grads 2.1e-3; bfloat16 out 4.4e-3, lse 2.6e-7, grads 1.8e-2;
+#: the dense path in bfloat16: out 6.8e-3, grads 4.5e-2)
 LOW_TOL = {torch.float32: dict(out=5e-6, lse=5e-6, grad=2e-5),
+           torch.float16: dict(out=1e-3, lse=5e-6, grad=5e-3),
            torch.bfloat16: dict(out=1e-2, lse=5e-6, grad=5e-2)}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_low_precision_is_close_to_the_float64_truth(dtype):
     case = make_case("all")
     case = {n: (x.to(dtype).to(F64) if torch.is_tensor(x) and x.is_floating_point() else x)
@@ -361,6 +365,7 @@ def test_matches_cpu_flash_kernel_out_and_lse(dtype):
 
 @flash_cpu
 def test_cpu_flash_kernel_gives_lse_0_for_an_empty_row_where_spec_gives_minus_inf():
+    """And it refuses a bool mask, Dv != Dk and rank-3 inputs, which the spec takes."""
     q, k, v = randn(1, 1, H, LQ, DH), randn(2, 1, H, LK, DH), randn(3, 1, H, LK, DH)
     bias = _bias_with_inf((LQ, LK), 4)  # row 1 all -inf
     out_f, lse_f = _flash(q, k, v, attn_mask=bias)
@@ -371,6 +376,10 @@ def test_cpu_flash_kernel_gives_lse_0_for_an_empty_row_where_spec_gives_minus_in
     torch.testing.assert_close(lse[..., rows], lse_f[..., rows], **TOL)
     with pytest.raises(RuntimeError, match="same data type"):  # a bool mask is refused
         _flash(q, k, v, attn_mask=bias != -INF)
+    with pytest.raises(RuntimeError, match="same head size"):  # Dv != Dk
+        _flash(q, k, randn(3, 1, H, LK, DV))
+    with pytest.raises(RuntimeError, match="4 dims"):  # rank 3
+        _flash(q[0], k[0], v[0])
 
 
 @flash_cpu
