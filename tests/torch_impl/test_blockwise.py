@@ -262,6 +262,20 @@ def test_skipped_blocks_are_never_computed(monkeypatch):
     torch.testing.assert_close(out, out_d, **TOL)
 
 
+def test_the_graph_keeps_no_lq_by_lk_tensor():
+    """Autograd saves the inputs, out and lse, nothing of size (Lq, Lk): the
+    backward recomputes each block (what the autograd.Function is for)."""
+    Lq, Lk = 9, 11
+    q, k, v = randn(1, B, H, Lq, DH), randn(2, B, H, Lk, DH), randn(3, B, H, Lk, DV)
+    bias = randn(4, 1, H, 1, Lk).requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(tuple(x.shape)) or x, lambda x: x):
+        out, lse = ti.blockwise_attention(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(),
+                                          _padding([Lk, 4], Lk), bias, causal=True, block_q=4, block_k=4)
+    assert sorted(saved) == sorted([q.shape, k.shape, v.shape, (B, 1, 1, Lk), bias.shape, out.shape, lse.shape])
+    assert not any(shape[-2:] == (Lq, Lk) for shape in saved)
+
+
 def test_block_schedule_is_the_shared_one():
     from numpy_ref._contract import blocks
 
