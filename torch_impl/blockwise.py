@@ -1,0 +1,283 @@
+"""Blockwise (memory-efficient, FlashAttention-style) attention in PyTorch
+(SPEC 5): the mirror of ``numpy_ref/blockwise.py``.
+
+Shape legend: ``B`` batch, ``H`` heads, ``Lq`` query length, ``Lk`` key/value
+length, ``Dk``/``Dv`` key/value widths, ``bq``/``bk`` the rows/columns of one
+block (``block_q``/``block_k``, less at the edges).
+
+The queries are cut into blocks of ``block_q`` rows, the keys into blocks of
+``block_k`` columns, and each query block visits only the key blocks that
+its causal/window structure leaves partly visible (the shared
+:class:`~numpy_ref._contract.blocks.BlockSchedule`; skipped blocks are never
+computed). Per query row, an online softmax keeps a running max ``m``, a
+running sum ``l`` and a rescaled accumulator ``acc``::
+
+    s = q_b k_bᵀ · scale + bias_b;  valid = mask_b & struct_b & (s != -inf)
+    m' = max(m, rowmax_valid(s));   alpha = exp(m - m')
+    p = where(valid, exp(s - m'), 0)
+    l' = alpha · l + rowsum(p);     acc' = alpha · acc + p v_b
+    out = acc / l,  lse = m + log l          (a row with l = 0: out 0, lse -inf)
+
+The backward pass (FlashAttention-2) recomputes each block's ``P`` from the
+saved ``lse`` instead of storing it::
+
+    P = where(valid, exp(s - lse), 0);  D = rowsum(dO ∘ O) - d_lse
+    dV += Pᵀ dO;  dP = dO vᵀ;  dS = P ∘ (dP - D)
+    dQ += scale · dS k;  dK += scale · dSᵀ q;  d_bias += dS
+
+so nothing of size ``(Lq, Lk)`` is ever kept: the scores, weights and their
+gradients live one ``(bq, bk)`` block at a time. The structural mask of a
+block comes from ``torch.arange`` of its row and column indices; ``mask`` and
+``bias`` are sliced per block from their broadcast views (a size-1 axis stays
+size 1), never expanded to ``(Lq, Lk)``.
+
+Unread keys (SPEC 3.4a): in each visited block, the rows of ``k`` and ``v``
+that no query row of the block may read (per ``mask``, the structure and
+``bias != -inf``; never per score) are set to 0 by ``torch.where`` before
+any product, in the forward and in the backward pass, and get gradient 0; so
+NaN or inf in padding reaches no output and no gradient.
+
+float16/bfloat16: q, k, v (and bias) are upcast to float32, the whole
+recurrence and its backward run in float32, ``out`` is rounded once to q's
+dtype and ``lse`` stays float32 (as FlashAttention).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from numpy_ref._contract import blocks as _blocks
+from numpy_ref._contract.checks import ALIGNS
+
+from ._checks import HALF_DTYPES, rules
+from .attention import _scale
+from .layers import _upcast
+
+__all__ = ["blockwise_attention", "block_schedule"]
+
+
+def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=128, block_k=128,
+                        causal=False, window=None, align="top_left"):
+    """Scaled dot-product attention computed block by block, with its log-sum-exp.
+
+    Equal to ``scaled_dot_product_attention(q, k, v, mask & structural, bias,
+    scale)[0]`` for every block size, where ``structural`` is the causal /
+    sliding-window mask; ``lse[..., i] = logsumexp_j`` of row ``i``'s valid
+    scores ``q kᵀ · scale + bias``. Differentiable in q, k, v and bias (and
+    through ``lse``) by a custom backward pass whose memory is
+    ``O(Lq · block_k)``, not ``O(Lq · Lk)`` (see the module docstring).
+
+    Args:
+      q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
+      k: ``(*batch, Lk, Dk)``.
+      v: ``(*batch, Lk, Dv)``.
+      mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
+      bias: optional float, broadcastable to ``(*batch, Lq, Lk)``, added to
+        the scores; ``-inf`` entries count as masked.
+      scale: optional float multiplying ``q @ kᵀ`` (default ``1 / sqrt(Dk)``).
+      block_q, block_k: positive ints, the query rows and key columns of a block.
+      causal: query row ``i`` (at key position ``p = i + offset``) sees keys ``j <= p``.
+      window: None or ``(left, right)``, each a non-negative int or None (no
+        bound): row ``i`` sees keys ``p - left <= j <= p + right``.
+      align: ``"top_left"`` (offset 0) or ``"bottom_right"`` (offset ``Lk - Lq``).
+
+    Returns:
+      ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; ``out`` in q's dtype,
+      ``lse`` in float32 for float16/bfloat16 q, q's dtype otherwise. A row
+      with no valid key has ``out = 0`` and ``lse = -inf``, and passes
+      gradient 0 back.
+    """
+    block_q, block_k, window = rules.blockwise(q, k, v, mask, bias, scale, block_q, block_k,
+                                               causal, window, align)  # SPEC 5
+    sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
+    return _BlockwiseAttention.apply(q, k, v, mask, bias, _scale(q, scale), sched)
+
+
+def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=None, align="top_left"):
+    """The ``(query block, key block)`` pairs :func:`blockwise_attention` visits.
+
+    Args:
+      Lq, Lk: non-negative ints, the query and key lengths.
+      block_q, block_k, causal, window, align: as :func:`blockwise_attention`.
+
+    Returns:
+      a :class:`~numpy_ref._contract.blocks.BlockSchedule` (``rows``,
+      ``pairs()``, ``visited``, ``total``, ``work()``).
+    """
+    Lq, Lk = rules.count(Lq, "Lq"), rules.count(Lk, "Lk")
+    block_q, block_k = rules.count(block_q, "block_q", 1), rules.count(block_k, "block_k", 1)
+    rules.flag(causal, "causal")
+    window = rules.window(window)
+    rules.choice(align, "align", ALIGNS)
+    return _blocks.block_schedule(Lq, Lk, block_q, block_k, causal, window, align)
+
+
+class _BlockwiseAttention(torch.autograd.Function):
+    """The recurrence as an autograd node: the forward keeps ``(q, k, v, mask,
+    bias, out, lse)``, the backward recomputes each block from them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, bias, scale, sched):
+        out, lse = _forward(q, k, v, mask, bias, scale, sched)
+        ctx.save_for_backward(q, k, v, mask, bias, out, lse)
+        ctx.scale, ctx.sched = scale, sched
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_out, d_lse):
+        q, k, v, mask, bias, out, lse = ctx.saved_tensors
+        want_bias = bias is not None and ctx.needs_input_grad[4]
+        dq, dk, dv, d_bias = _backward(q, k, v, mask, bias, out, lse, d_out, d_lse,
+                                       ctx.scale, ctx.sched, want_bias)
+        return dq, dk, dv, None, d_bias, None, None
+
+
+# --------------------------------------------------------------------------
+# the two passes
+# --------------------------------------------------------------------------
+
+
+def _forward(q, k, v, mask, bias, scale, sched):
+    """The online-softmax recurrence over ``sched``: ``(out, lse)``."""
+    with torch.autocast(q.device.type, enabled=False):
+        qs, k32, v32 = _upcast(q) * scale, _upcast(k), _upcast(v)  # scale folded into q
+        out = k32.new_zeros((*q.shape[:-1], v.shape[-1]))  # (*batch, Lq, Dv)
+        lse = k32.new_full(q.shape[:-1], -math.inf)  # (*batch, Lq)
+        for q0, q1, kb0, kb1 in sched.rows:
+            q_b = qs[..., q0:q1, :]  # (*batch, bq, Dk)
+            m = q_b.new_full((*q_b.shape[:-1], 1), -math.inf)  # (*batch, bq, 1) running max
+            l = torch.zeros_like(m)  # (*batch, bq, 1) running sum
+            acc = q_b.new_zeros((*q_b.shape[:-1], v.shape[-1]))  # (*batch, bq, Dv)
+            for k0, k1 in _key_blocks(sched, kb0, kb1):
+                k_b, v_b, s, valid, _ = _block(q_b, k32, v32, mask, bias, sched, q0, q1, k0, k1)
+                m_new = torch.maximum(m, torch.where(valid, s, -math.inf).amax(-1, keepdim=True))
+                m_use = torch.where(m_new == -math.inf, 0.0, m_new)  # no -inf - (-inf)
+                alpha = torch.exp(m - m_use)  # (*batch, bq, 1); 0 while m = -inf
+                p = torch.where(valid, torch.exp(s - m_use), 0.0)  # (*batch, bq, bk)
+                l = alpha * l + p.sum(-1, keepdim=True)  # (*batch, bq, 1)
+                acc = alpha * acc + p @ v_b  # (*batch, bq, Dv)
+                m = m_new
+            empty = l == 0  # (*batch, bq, 1): no valid key in the row
+            l_safe = torch.where(empty, 1.0, l)
+            out[..., q0:q1, :] = acc / l_safe  # (*batch, bq, Dv)
+            lse[..., q0:q1] = torch.where(empty, -math.inf, m + torch.log(l_safe))[..., 0]  # (*batch, bq)
+    return out.to(q.dtype), lse.to(_lse_dtype(q))
+
+
+def _backward(q, k, v, mask, bias, out, lse, d_out, d_lse, scale, sched, want_bias):
+    """FlashAttention-2's backward from ``(out, lse)``: ``(dq, dk, dv, d_bias)``."""
+    with torch.autocast(q.device.type, enabled=False):
+        qs, k32, v32 = _upcast(q) * scale, _upcast(k), _upcast(v)
+        d_out = torch.zeros_like(out) if d_out is None else d_out
+        dO, O = _upcast(d_out), _upcast(out)  # (*batch, Lq, Dv)
+        D = (dO * O).sum(-1, keepdim=True)  # (*batch, Lq, 1)
+        if d_lse is not None:
+            D = D - _upcast(d_lse)[..., None]  # ∂lse/∂s = P: d_lse joins the softmax's row term
+        lse_safe = torch.where(lse == -math.inf, 0.0, _upcast(lse))[..., None]  # (*batch, Lq, 1)
+        dq, dk, dv = torch.zeros_like(qs), torch.zeros_like(k32), torch.zeros_like(v32)
+        d_bias = torch.zeros_like(_upcast(bias)) if want_bias else None
+        for q0, q1, kb0, kb1 in sched.rows:
+            q_b, dO_b, D_b = qs[..., q0:q1, :], dO[..., q0:q1, :], D[..., q0:q1, :]
+            for k0, k1 in _key_blocks(sched, kb0, kb1):
+                k_b, v_b, s, valid, read = _block(q_b, k32, v32, mask, bias, sched, q0, q1, k0, k1)
+                P = torch.where(valid, torch.exp(s - lse_safe[..., q0:q1, :]), 0.0)  # (*batch, bq, bk)
+                dP = dO_b @ v_b.transpose(-1, -2)  # (*batch, bq, bk)
+                dS = torch.where(valid, P * (dP - D_b), 0.0)  # (*batch, bq, bk)
+                dv[..., k0:k1, :] += _unread_to_zero(P.transpose(-1, -2) @ dO_b, read)  # (*batch, bk, Dv)
+                dk[..., k0:k1, :] += _unread_to_zero(dS.transpose(-1, -2) @ q_b, read)  # (*batch, bk, Dk)
+                dq[..., q0:q1, :] += dS @ k_b  # (*batch, bq, Dk), times scale below
+                if want_bias:
+                    db_b = _block_view(d_bias, q0, q1, k0, k1)  # a view: bias's own (broadcast) shape
+                    db_b += _sum_to(dS, db_b.shape)
+    # dK = scale · dSᵀ q: q was already scaled, dQ still is not
+    dq = dq * scale
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+            None if d_bias is None else d_bias.to(bias.dtype))
+
+
+# --------------------------------------------------------------------------
+# one block
+# --------------------------------------------------------------------------
+
+
+def _key_blocks(sched, kb0, kb1):
+    """``(k0, k1)`` of the key blocks ``kb0 .. kb1 - 1`` (the last one may be short)."""
+    for kb in range(kb0, kb1):
+        yield kb * sched.block_k, min((kb + 1) * sched.block_k, sched.Lk)
+
+
+def _block(q_b, k, v, mask, bias, sched, q0, q1, k0, k1):
+    """One visited block: its keys and values (unread rows zeroed), scores and valid entries.
+
+    Returns ``k_b (*batch, bk, Dk)``, ``v_b (*batch, bk, Dv)``,
+    ``s (*batch, bq, bk)``, ``valid`` (bool, broadcast to ``s``) and ``read``
+    (bool ``(..., bk, 1)``: the keys some row of the block may read; None = all).
+    """
+    allowed = _allowed(mask, bias, sched, q0, q1, k0, k1, q_b.device)  # (..., bq, bk) or None
+    read = None if allowed is None else allowed.any(-2, keepdim=True).transpose(-1, -2)  # (..., bk, 1)
+    k_b = _unread_to_zero(k[..., k0:k1, :], read)  # (*batch, bk, Dk); SPEC 3.4a
+    v_b = _unread_to_zero(v[..., k0:k1, :], read)  # (*batch, bk, Dv)
+    s = _scores(q_b, k_b, None if bias is None else _upcast(_block_view(bias, q0, q1, k0, k1)))
+    valid = s != -math.inf  # (*batch, bq, bk)
+    return k_b, v_b, s, valid if allowed is None else valid & allowed, read
+
+
+def _scores(q_b, k_b, bias_b):
+    """``q_b k_bᵀ (+ bias_b)``, q already scaled: ``(*batch, bq, bk)``."""
+    s = q_b @ k_b.transpose(-1, -2)  # (*batch, bq, bk)
+    return s if bias_b is None else s + bias_b
+
+
+def _allowed(mask, bias, sched, q0, q1, k0, k1, device):
+    """``mask & structural & (bias != -inf)`` of one block, by selection on
+    broadcast views; None when nothing restricts it."""
+    allowed = None
+    if sched.structural:
+        allowed = _structural(sched, q0, q1, k0, k1, device)  # (bq, bk)
+    if mask is not None:
+        m_b = _block_view(mask, q0, q1, k0, k1)  # (..., bq|1, bk|1)
+        allowed = m_b if allowed is None else allowed & m_b
+    if bias is not None:
+        finite = _block_view(bias, q0, q1, k0, k1) != -math.inf  # a -inf score counts as masked
+        allowed = finite if allowed is None else allowed & finite
+    return allowed
+
+
+def _structural(sched, q0, q1, k0, k1, device):
+    """The causal/window mask of one block from its positions: ``(bq, bk)``."""
+    p = torch.arange(q0, q1, device=device)[:, None] + sched.offset  # (bq, 1) key position of each row
+    j = torch.arange(k0, k1, device=device)[None, :]  # (1, bk)
+    ok = torch.ones((q1 - q0, k1 - k0), dtype=torch.bool, device=device)
+    if sched.left is not None:
+        ok = ok & (j >= p - sched.left)
+    if sched.right is not None:
+        ok = ok & (j <= p + sched.right)
+    return ok
+
+
+def _block_view(x, q0, q1, k0, k1):
+    """Rows ``[q0, q1)`` and columns ``[k0, k1)`` of a tensor broadcastable to
+    ``(*batch, Lq, Lk)``, as a view; a size-1 axis stays size 1."""
+    x = torch.atleast_2d(x)  # a (Lk,) mask or bias is one row
+    rows = slice(None) if x.shape[-2] == 1 else slice(q0, q1)
+    cols = slice(None) if x.shape[-1] == 1 else slice(k0, k1)
+    return x[..., rows, cols]
+
+
+def _sum_to(x, shape):
+    """``x`` summed over the axes it was broadcast along to reach ``x.shape`` from ``shape``."""
+    x = x.sum(dim=tuple(range(x.ndim - len(shape)))) if x.ndim > len(shape) else x
+    axes = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape)) if n == 1 and m != 1)
+    return x.sum(dim=axes, keepdim=True) if axes else x
+
+
+def _unread_to_zero(x, read):
+    """``where(read, x, 0)``, or ``x`` when every row is read."""
+    return x if read is None else torch.where(read, x, 0.0)
+
+
+def _lse_dtype(q):
+    return torch.float32 if q.dtype in HALF_DTYPES else q.dtype
