@@ -140,6 +140,7 @@ BASE = [
     ("padding_mask", {"lengths": np.array([2, 4]), "max_len": 5}, {}),
     ("padding_mask", {"tokens": np.array([[3, 1, 0], [2, 0, 0]]), "pad_id": 0}, {}),
     ("causal_mask", {"Lq": 3, "Lk": 4}, {}),
+    ("sliding_window_mask", {"Lq": 3, "Lk": 4, "window": (1, 0), "align": "bottom_right"}, {}),
     ("combine_masks", {"masks": [keep(B, 1, 1, LK), keep(LQ, LK)]}, {}),
     ("mask_to_bias", {"mask": keep(LQ, LK), "dtype": Dtype("float64")}, {}),
     ("sinusoidal_encoding", {"max_len": 5, "d_model": 6, "dtype": Dtype("float64")}, {}),
@@ -154,6 +155,16 @@ BASE = [
      {"q": f(B, LQ, DK), "k": f(B, LK, DK), "v": f(B, LK, DV), "mask": None, "bias": f(B, LQ, LK),
       "scale": 0.5, "dropout_p": 0.25, "dropout_mask": keep(B, LQ, LK)},
      {"mask": (B, LQ, LK), "bias": (B, LQ, LK)}),
+    ("blockwise_attention",
+     {"q": f(B, H, LQ, DK), "k": f(B, H, LK, DK), "v": f(B, H, LK, DV), "mask": keep(B, 1, 1, LK), "bias": None,
+      "scale": None, "block_q": 2, "block_k": 3, "causal": True, "window": (2, None), "align": "bottom_right"},
+     {"mask": (B, H, LQ, LK), "bias": (B, H, LQ, LK)}),
+    ("blockwise_attention",
+     {"q": f(B, LQ, DK), "k": f(B, LK, DK), "v": f(B, LK, DV), "mask": None, "bias": f(LQ, LK),
+      "scale": 0.5, "block_q": 128, "block_k": 1, "causal": False, "window": None, "align": "top_left"},
+     {"mask": (B, LQ, LK), "bias": (B, LQ, LK)}),
+    ("block_schedule", {"Lq": 5, "Lk": 7, "block_q": 2, "block_k": 3, "causal": True, "window": (1, 4),
+                        "align": "top_left"}, {}),
     ("additive_attention",
      {"query": f(B, LQ, DQ), "keys": f(B, LK, DKA), "params": {"w_1": f(DKA, A), "w_2": f(DQ, A), "v": f(A)},
       "mask": keep(B, 1, 1, LK)}, {"mask": (B, LQ, LK)}),
@@ -303,6 +314,12 @@ SCALARS = {
     "ignore_index": ([1.5, "0", True, [0]], [None, -100, 0]),
     "use_cache": (["yes", None, 1], [True, False]),
     "tie_embeddings": (["yes", None, 1], [False]),
+    "align": (["left", None, 1, "TOP_LEFT", ["top_left"]], ["top_left", "bottom_right"]),
+    "block_q": (BAD_COUNTS + [0], [1, 2, 128, np.int64(3)]),
+    "block_k": (BAD_COUNTS + [0], [1, 3, 64]),
+    "causal": (["yes", None, 1, 0.0], [True, False, np.bool_(False)]),
+    "window": ([(-1, 2), (1, -3), (1, 2, 3), (1,), 3, "ab", (1.5, None), (None, "0"), (True, 1), {"left": 1}],
+               [None, (1, 2), (None, 0), (0, None), [2, None], (np.int64(1), 1)]),
 }
 
 
@@ -443,6 +460,8 @@ def bad_calls(draw):
             invalid = False
         if top == "max_len" and "tokens" in kwargs:
             invalid = new is not None
+        if top == "window" and new is None and function == "sliding_window_mask":
+            invalid = True  # a window mask needs its window; blockwise_attention's None is "no window"
         if top == "num_heads" and isinstance(new, int) and not isinstance(new, bool) and new > 0:
             invalid = D % new != 0
     elif value is None:  # an optional array not given: give one, maybe of a bad shape or dtype
@@ -677,8 +696,8 @@ def _cotangent(function, kwargs):
     return np.ones_like(out)
 
 
-#: functions whose cotangent pair may hold None in either place: (d_outputs, d_h_n)
-EITHER_MAY_BE_NONE = {"rnn", "gru"}
+#: functions whose cotangent pair may hold None in either place: (d_outputs, d_h_n), (d_out, d_lse)
+EITHER_MAY_BE_NONE = {"rnn", "gru", "blockwise_attention"}
 
 
 @st.composite
@@ -741,7 +760,7 @@ def test_numpy_ref_refuses_alike_in_the_forward_and_the_backward_and_names_a_bad
         refused = numpy_mirror.run(function + "_backward", {"d_out": bad, **kwargs})
         counts["invalid"] += 1
         assert refused[0] == "raise", f"{function}_backward accepted a bad d_out"
-        problem = _refused_properly(refused, function + "_backward", extra=("d_weights", "d_h_n"))
-        assert problem is None and re.match(r"^d_(out|weights|h_n)\b", refused[2]), problem or refused[2]
+        problem = _refused_properly(refused, function + "_backward", extra=("d_weights", "d_h_n", "d_lse"))
+        assert problem is None and re.match(r"^d_(out|weights|h_n|lse)\b", refused[2]), problem or refused[2]
         agreed(refused)
     record_property("calls", counts["calls"])

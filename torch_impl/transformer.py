@@ -197,8 +197,11 @@ def sample_decode(src, params, num_heads, *, bos, max_len, rng, temperature=1.0,
                   eps=1e-5):
     """Ancestral sampling: ``y_{t+1} ~ categorical(softmax(logits / temperature))``.
 
-    As :func:`greedy_decode` (through the KV cache), drawing each token with
-    ``torch.multinomial`` from ``rng``. The same seed gives the same tokens.
+    As :func:`greedy_decode` (through the KV cache), drawing each token by
+    the inverse CDF of ``softmax(logits / temperature)`` at ``torch.rand``
+    from ``rng``, in float64, as numpy_ref does (``torch.multinomial`` raises
+    a raw RuntimeError on a NaN logit, where numpy_ref and jax_impl return
+    tokens). The same seed gives the same tokens.
 
     Args:
       src, params, num_heads, bos, max_len, src_lengths, tie_embeddings,
@@ -217,9 +220,12 @@ def sample_decode(src, params, num_heads, *, bos, max_len, rng, temperature=1.0,
         raise rng_error(rng, "a torch.Generator or an int seed")
     rng, temperature = _generator(rng), float(temperature)
 
-    def pick(logits):  # (B, Vt)
-        probs = torch.softmax(_upcast(logits) / temperature, dim=-1)  # (B, Vt)
-        return torch.multinomial(probs, 1, generator=rng)[:, 0]  # (B,)
+    def pick(logits):  # (B, Vt) -> (B,): inverse CDF, as numpy_ref's _sample
+        z = logits.double()  # (B, Vt)
+        p = torch.exp((z - z.max(dim=-1, keepdim=True).values) / temperature)  # unnormalised, max 1
+        cdf = torch.cumsum(p, dim=-1)  # (B, Vt)
+        u = torch.rand(z.shape[0], 1, generator=rng, dtype=torch.float64, device=z.device) * cdf[:, -1:]
+        return (cdf <= u).sum(dim=-1)  # (B,): the first index whose cdf exceeds u
 
     return _decode(src, params, num_heads, bos, max_len, src_lengths, True, tie_embeddings,
                    norm_first, activation, eps, pick)

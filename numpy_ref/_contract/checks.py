@@ -132,6 +132,8 @@ class Rules(ArrayRules):
                 self.shape(x, name, letters, dict(zip(letters, shape)))
                 self.same_device(x, name, q, "q")
         self.same_float_dtype({"q": q, "d_out": d_out, "out": out})
+        if getattr(q.dtype, "itemsize", 8) > 2:  # half inputs: lse and its cotangent are float32
+            self.same_float_dtype({"q": q, "d_lse": d_lse, "lse": lse})
         return d_out, d_lse
 
     def additive(self, query, keys, params, mask):
