@@ -181,9 +181,16 @@ def _forward(q, k, v, mask, bias, scale, sched):
             l = alpha * l + p.sum(axis=-1, keepdims=True)
             acc = alpha * acc + p @ v_b  # (*batch, bq, Dv)
             m = m_new
-        empty = l == 0  # no valid score in the whole row
-        out[..., q0:q1, :] = acc / np.where(empty, 1, l)  # 0 / 1 = 0 for an empty row
-        lse[..., q0:q1] = np.where(empty, -np.inf, m + np.log(np.where(empty, 1, l)))[..., 0]
+        out[..., q0:q1, :], lse[..., q0:q1] = _finish(m, l, acc)
+    return out, lse
+
+
+def _finish(m, l, acc):
+    """The end of the recurrence: ``out = acc / l``, ``lse = m + log l``; a row
+    with no valid score (``l = 0``) gives ``out = 0``, ``lse = -inf``."""
+    empty = l == 0  # (*batch, bq, 1)
+    out = acc / np.where(empty, 1, l)  # 0 / 1 = 0 for an empty row
+    lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1, l)))[..., 0]  # (*batch, bq)
     return out, lse
 
 

@@ -298,6 +298,45 @@ GELU = {"feed_forward/gelu", "feed_forward/gelu/dropout", "feed_forward/gelu/ran
 ZERO_LAYERS = {"encoder/post/zero-layers"}
 
 
+#: blockwise cases by what they exercise (conformance/cases_blockwise.py)
+BW_STRUCTURAL = {"blockwise/causal/top-left/self", "blockwise/causal/top-left/wide",
+                 "blockwise/causal/bottom-right/wide", "blockwise/causal/bottom-right/tall",
+                 "blockwise/window/symmetric", "blockwise/window/causal-band", "blockwise/window/right-only",
+                 "blockwise/window/causal-caps-right", "blockwise/window+bias+padding",
+                 "blockwise/poison/causal-tall-mixed", "blockwise/poison/window-inf"}
+#: bottom-right with Lq != Lk: the offset matters
+BW_OFFSET = {"blockwise/causal/bottom-right/wide", "blockwise/causal/bottom-right/tall",
+             "blockwise/window/causal-band", "blockwise/window+bias+padding", "blockwise/poison/causal-tall-mixed"}
+#: no structure at all (mask arrays only)
+BW_PLAIN = {"blockwise/cross/none", "blockwise/cross/padding", "blockwise/cross/bias+padding",
+            "blockwise/cross/scale", "blockwise/blocks/one-block", "blockwise/rank3/padding"}
+
+
+def _bw_structure(strict=False, offset=None):
+    """``blockwise._structure`` with exclusive bounds, or a fixed offset."""
+    def structure(sched, q0, q1, k0, k1):
+        pos = np.arange(q0, q1)[:, None] + (sched.offset if offset is None else offset)
+        j = np.arange(k0, k1)[None, :]
+        ok = np.ones((q1 - q0, k1 - k0), dtype=bool)
+        if sched.left is not None:
+            ok &= (j > pos - sched.left) if strict else (j >= pos - sched.left)
+        if sched.right is not None:
+            ok &= (j < pos + sched.right) if strict else (j <= pos + sched.right)
+        return ok
+    return structure
+
+
+def _bw_full_key_blocks_only(sched, kb0, kb1):
+    """The forward's key blocks without the last, shorter one (``Lk % block_k != 0``)."""
+    bk = sched.block_k
+    return ((kb * bk, (kb + 1) * bk) for kb in range(kb0, kb1) if (kb + 1) * bk <= sched.Lk)
+
+
+def _bw_lse_without_max(m, l, acc):
+    empty = l == 0
+    return acc / np.where(empty, 1, l), np.where(empty, -np.inf, np.log(np.where(empty, 1, l)))[..., 0]
+
+
 def _m(name, bug, seam, make, catches=(), spares=(), escape=None):
     return Mutant(name, bug, seam, make, frozenset(catches), frozenset(spares), escape)
 
@@ -472,6 +511,21 @@ MUTANTS = [
            x, {k: v for k, v in params.items() if k != "norm"}, num_heads, **kw),
        {"encoder/post/final-norm", "encoder/pre/final-norm", "encoder/pre/three-layers"},
        spares={"encoder/post/no-final-norm", "encoder/post/one-layer"}),
+    # blockwise (the online softmax)
+    _m("blockwise/window-bounds-exclusive", "the window's bounds exclusive (j > p - left, j < p + right)",
+       "blockwise._structure", _const(_bw_structure(strict=True)), BW_STRUCTURAL, spares=BW_PLAIN),
+    _m("blockwise/align-ignored", "blockwise's causal/window structure always top-left (offset 0)",
+       "blockwise._structure", _const(_bw_structure(offset=0)), BW_OFFSET,
+       spares=BW_PLAIN | {"blockwise/causal/top-left/self", "blockwise/causal/top-left/wide",
+                          "blockwise/window/symmetric"}),
+    _m("blockwise/last-key-block-dropped", "the last, shorter key block never visited (Lk % block_k != 0)",
+       "blockwise._key_blocks", _const(_bw_full_key_blocks_only),
+       {"blockwise/cross/none", "blockwise/cross/padding", "blockwise/cross/bias+padding",
+        "blockwise/rank3/padding"},
+       spares={"blockwise/blocks/one-block", "blockwise/blocks/one-by-one"}),  # block_k divides Lk
+    _m("blockwise/lse-without-max", "lse = log l, the running max forgotten", "blockwise._finish",
+       _const(_bw_lse_without_max), BW_PLAIN | BW_STRUCTURAL | {"blockwise/length1/key"},
+       spares={"blockwise/length0/key"}),  # no key: lse = -inf either way
     # dtype
     _m("dtype/float32-scores", "a float64 call computes its scores in float32",
        "attention._attention_probs",
