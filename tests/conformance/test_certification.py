@@ -374,3 +374,36 @@ def test_a_cache_that_forgets_its_earlier_steps_fails_every_multi_step_case(caps
     failed = {line.split()[3].rstrip(":") for line in _fail_lines(out) if line.startswith("FAIL my-kv-cache")}
     assert failed == {"decoder/incremental/empty-prefill-singles", "decoder/incremental/prefill1-pairs",
                       "decoder/incremental/prefill3-singles"}
+
+
+# --------------------------------------------------------------------------
+# the (out, lse) kind: a third-party flash-style kernel
+
+
+FLASH_EXAMPLE = "conformance.examples.my_flash_backend"
+
+
+def test_the_flash_kernel_example_is_conformant_except_its_two_declared_differences(capsys):
+    pytest.importorskip("torch")
+    code, out, _ = _run(capsys, "--backend", f"{FLASH_EXAMPLE}:MyFlashBackend", "-k", "blockwise")
+    assert code == 0, out
+    assert "my-flash: 40 passed, 0 failed, 14 declared differences, 2 not supported" in out
+    assert "verdict my-flash: conformant except: empty-row-lse-zero, reads-masked-keys" in out
+
+
+def test_a_flash_kernel_that_ignores_the_alignment_fails_the_bottom_right_cases(capsys, monkeypatch):
+    """The common bug: a cache's queries placed top-left (``is_causal`` semantics)."""
+    pytest.importorskip("torch")
+    from conformance.examples import my_flash_backend as example
+
+    original = example.MyFlashBackend._bias
+    monkeypatch.setattr(example.MyFlashBackend, "_bias", staticmethod(
+        lambda kw, Lq, Lk, rank3: original({**kw, "align": "top_left"}, Lq, Lk, rank3)))
+    code, out, _ = _run(capsys, "--backend", f"{FLASH_EXAMPLE}:MyFlashBackend", "-k", "blockwise",
+                        "--dtype", "float64")
+    assert code == 1
+    failed = {line.split()[3].rstrip(":") for line in _fail_lines(out) if line.startswith("FAIL my-flash")}
+    assert failed == {"blockwise/causal/bottom-right/wide", "blockwise/causal/bottom-right/tall",
+                      "blockwise/window/causal-band", "blockwise/window+bias+padding"}
+    # (blockwise/poison/causal-tall-mixed is bottom-right too, but every output of a poison
+    # case is under the declared reads-masked-keys: a declaration excuses what it names)
