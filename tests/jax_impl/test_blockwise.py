@@ -337,3 +337,78 @@ def test_bad_input_raises_the_contract_exception_eager_and_under_jit(change):
 @pytest.mark.parametrize("sizes", [(-1, LK), (LQ, 2.0), (None, LK)], ids=["Lq=-1", "Lk=2.0", "Lq=None"])
 def test_block_schedule_rejects_bad_sizes_as_the_contract(sizes):
     assert _exception(ji.block_schedule, *sizes) == _exception(_contract_block_schedule, *sizes)
+
+
+# --------------------------------------------------------------------------
+# jax.nn.dot_product_attention as an oracle
+# --------------------------------------------------------------------------
+
+
+def _oracle(q, k, v, **kw):
+    """``jax.nn.dot_product_attention`` (XLA) on our ``(B, H, L, D)`` layout (it takes
+    ``(B, L, H, D)``); its lse (``return_residual``) is under ``stop_gradient``."""
+    to_blhd = lambda x: jnp.swapaxes(x, -3, -2)  # noqa: E731
+    out, lse = jax.nn.dot_product_attention(*map(to_blhd, (q, k, v)), implementation="xla",
+                                            return_residual=True, **kw)
+    return to_blhd(out), jnp.swapaxes(lse, -1, -2)  # (B, H, Lq, D), (B, H, Lq)
+
+
+# its is_causal is tril(Lq, Lk), our top_left; its window (left, right) is ours, inclusive, top_left
+OVERLAP = {
+    "causal, Lq < Lk": (LQ, LK, {"causal": True}, {"is_causal": True}),
+    "causal, Lq > Lk": (LK, LQ, {"causal": True}, {"is_causal": True}),
+    "window (2, 1), Lq > Lk": (LK, LQ, {"window": (2, 1)}, {"local_window_size": (2, 1)}),
+    "causal and window (1, 3), Lq < Lk": (LQ, LK, {"causal": True, "window": (1, 3)},
+                                          {"is_causal": True, "local_window_size": (1, 3)}),
+}
+
+
+@pytest.mark.parametrize("Lq, Lk, ours, theirs", OVERLAP.values(), ids=list(OVERLAP))
+def test_jax_nn_dot_product_attention_agrees_where_its_semantics_are_ours(Lq, Lk, ours, theirs, rng):
+    q, k, v = (jnp.asarray(rng.normal(size=(B, H, L, DH))) for L in (Lq, Lk, Lk))  # it needs Dv = Dk
+    d_out = jnp.asarray(rng.normal(size=(B, H, Lq, DH)))
+    ours = functools.partial(ji.blockwise_attention, block_q=3, block_k=2, **ours)
+
+    @jax.jit
+    def both(q, k, v, d_out):  # one program: forwards and vjps (d_lse = 0: its lse has no gradient)
+        (out, lse), vjp = jax.vjp(ours, q, k, v)
+        (want, want_lse), oracle_vjp = jax.vjp(lambda *a: _oracle(*a, **theirs), q, k, v)
+        zero = jnp.zeros_like(lse)
+        return (out, lse, want, want_lse), vjp((d_out, zero)), oracle_vjp((d_out, zero))
+
+    (out, lse, want, want_lse), grads, want_grads = both(q, k, v, d_out)
+    np.testing.assert_allclose(out, want, **ORACLE_TOL)  # its softmax is float32, even for float64
+    np.testing.assert_allclose(lse, want_lse, **ORACLE_TOL)
+    for name, g, w in zip("qkv", grads, want_grads):
+        np.testing.assert_allclose(g, w, **ORACLE_TOL, err_msg=name)
+
+
+def test_jax_nn_dot_product_attention_differs_on_rows_that_see_no_key(rng):
+    # window (0, 0) with Lq > Lk, top_left: rows Lk .. Lq-1 see no key
+    q, k, v = (jnp.asarray(rng.normal(size=(B, H, L, DH))) for L in (LK, LQ, LQ))
+    d_out = jnp.zeros((B, H, LK, DH)).at[..., LQ:, :].set(1.0)  # a cotangent on the empty rows only
+    (out, lse), vjp = jax.vjp(lambda v: ji.blockwise_attention(q, k, v, window=(0, 0)), v)
+    (want, want_lse), oracle_vjp = jax.vjp(lambda v: _oracle(q, k, v, local_window_size=(0, 0)), v)
+    empty = np.isneginf(np.asarray(lse))
+    assert empty[..., LQ:].all() and not empty[..., :LQ].any()
+    np.testing.assert_allclose(out[..., :LQ, :], want[..., :LQ, :], **ORACLE_TOL)
+    # ours: 0, -inf, no gradient; its masked scores are a finite -0.7 * float32 max, so an
+    # empty row is the mean of every value and its lse about -2.4e38, and v gets a gradient
+    assert (out[..., LQ:, :] == 0).all() and (vjp((d_out, jnp.zeros_like(lse)))[0] == 0).all()
+    np.testing.assert_allclose(want[..., LQ:, :], jnp.broadcast_to(v.mean(-2, keepdims=True), want[..., LQ:, :].shape),
+                               **ORACLE_TOL)
+    assert (np.asarray(want_lse[..., LQ:]) < -1e38).all() and np.isfinite(want_lse).all()
+    assert (oracle_vjp((d_out, jnp.zeros_like(want_lse)))[0] != 0).any()
+
+
+def test_jax_nn_dot_product_attention_gives_nan_where_ours_gives_zero(rng):
+    q, k, v = (jnp.asarray(rng.normal(size=(B, H, L, DH))) for L in (LQ, LK, LK))
+    # a row whose bias is all -inf (and no mask): its softmax is 0 / 0
+    bias = jnp.zeros((B, H, LQ, LK)).at[..., 1, :].set(-jnp.inf)
+    assert np.isnan(_oracle(q, k, v, bias=bias)[0][..., 1, :]).all()
+    assert (ji.blockwise_attention(q, k, v, bias=bias)[0][..., 1, :] == 0).all()
+    # NaN in padded keys: it masks after the product, so 0 * NaN reaches the output
+    pad = jnp.asarray(np.arange(LK) < 4)[None, None, None, :]  # (1, 1, 1, Lk)
+    k, v = (jnp.where(pad[0, 0, 0, :, None], x, jnp.nan) for x in (k, v))
+    assert np.isnan(_oracle(q, k, v, mask=pad)[0]).all()
+    assert np.isfinite(ji.blockwise_attention(q, k, v, pad)[0]).all()
