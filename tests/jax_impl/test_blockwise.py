@@ -220,14 +220,26 @@ def test_every_block_size_gives_the_same_outputs(block_q, block_k, rng):
 # --------------------------------------------------------------------------
 
 
-def test_nan_in_keys_no_row_may_read_reaches_no_output_and_no_gradient(rng):
-    case = Case("nan", causal=True, mask="pad", bias="full", block_q=2, block_k=3)
+NAN_CASES = [
+    Case("padding mask and -inf bias", causal=True, mask="pad", bias="full"),
+    # keys past Lq are unread by structure alone; the padded query row 5 must not read key 5
+    Case("causal alone, Lq not a multiple of block_q", causal=True),
+]
+
+
+@pytest.mark.parametrize("case", NAN_CASES, ids=[c.name for c in NAN_CASES])
+def test_nan_where_nothing_may_read_reaches_no_output_and_no_gradient(case, rng):
     arrays = case.arrays(rng)
     cts = _cotangents(rng, arrays)
-    unread = ~(np.asarray(arrays["mask"]) & (np.asarray(arrays["bias"]) != -np.inf)).any(axis=-2)  # (B, H, Lk)
-    unread |= ~structural(case.Lq, case.Lk, causal=True).any(axis=0)  # keys past every row's causal bound
+    masked = ~structural(case.Lq, case.Lk, **case.statics())  # (Lq, Lk)
+    if arrays["mask"] is not None:
+        masked = masked | ~np.asarray(arrays["mask"])
+    allowed = ~masked if arrays["bias"] is None else ~masked & (np.asarray(arrays["bias"]) != -np.inf)
+    unread = ~np.broadcast_to(allowed, (B, H, case.Lq, case.Lk)).any(axis=-2)  # (B, H, Lk)
     assert unread.any() and not unread.all()
     poisoned = {**arrays, **{n: jnp.where(unread[..., None], jnp.nan, arrays[n]) for n in ("k", "v")}}
+    if arrays["bias"] is not None:  # a bias under a False mask is never read either
+        poisoned["bias"] = jnp.where(masked, jnp.nan, arrays["bias"])
     (out, lse), grads = _blockwise(case, poisoned, cts)
     (want_out, want_lse), want_grads = _blockwise(case, arrays, cts)
     np.testing.assert_array_equal(out, want_out)
