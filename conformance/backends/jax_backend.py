@@ -206,7 +206,9 @@ def _forward_and_vjp(dynamic, cotangents, *, function, static, wrt):
     diff = {path: flatten(dynamic)[path] for path in wrt}
     outputs, vjp = jax.vjp(forward, diff)
     # a missing cotangent (the runner may drop "weights") contributes nothing
-    cts = {n: cotangents.get(n, jax.numpy.zeros_like(outputs[n])) for n in outputs}
+    # each in its output's dtype: a log-sum-exp stays float32 under half inputs (FLOAT32_OUTPUTS)
+    cts = {n: cotangents[n].astype(outputs[n].dtype) if n in cotangents else jax.numpy.zeros_like(outputs[n])
+           for n in outputs}
     (grads,) = vjp(cts)
     return outputs, grads
 
