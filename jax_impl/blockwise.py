@@ -25,7 +25,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from numpy_ref._contract import blocks as _blocks
-from numpy_ref._contract.checks import ALIGNS
 
 from ._checks import rules
 from .attention import _scale
@@ -52,12 +51,8 @@ def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=Non
       ``numpy_ref._contract.blocks.BlockSchedule`` (plain Python, the same in
       the three packages).
     """
-    Lq, Lk = rules.count(Lq, "Lq"), rules.count(Lk, "Lk")
-    block_q, block_k = rules.count(block_q, "block_q", 1), rules.count(block_k, "block_k", 1)
-    rules.flag(causal, "causal")
-    window = rules.window(window)
-    rules.choice(align, "align", ALIGNS)
-    return _blocks.block_schedule(Lq, Lk, block_q, block_k, causal, window, align)
+    args = rules.block_schedule(Lq, Lk, block_q, block_k, causal, window, align)  # SPEC 3.22
+    return _blocks.block_schedule(*args)
 
 
 def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=128, block_k=128,

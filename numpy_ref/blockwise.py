@@ -59,7 +59,6 @@ import numpy as np
 
 from ._checks import rules
 from ._contract import blocks as _blocks
-from ._contract.checks import ALIGNS
 from .attention import _scale, _sum_to_shape
 from .layers import _upcast
 
@@ -83,12 +82,8 @@ def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=Non
       a ``BlockSchedule``: ``rows`` (per query block ``(q0, q1, kb0, kb1)``),
       ``pairs()``, ``visited``, ``total``, ``work()``.
     """
-    Lq, Lk = rules.count(Lq, "Lq"), rules.count(Lk, "Lk")
-    block_q, block_k = rules.count(block_q, "block_q", 1), rules.count(block_k, "block_k", 1)
-    rules.flag(causal, "causal")
-    window = rules.window(window)
-    rules.choice(align, "align", ALIGNS)
-    return _blocks.block_schedule(Lq, Lk, block_q, block_k, causal, window, align)
+    args = rules.block_schedule(Lq, Lk, block_q, block_k, causal, window, align)  # SPEC 3.22
+    return _blocks.block_schedule(*args)
 
 
 def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *,

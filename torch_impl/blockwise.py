@@ -49,7 +49,6 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from numpy_ref._contract import blocks as _blocks
-from numpy_ref._contract.checks import ALIGNS
 
 from ._checks import HALF_DTYPES, rules
 from .attention import _scale
@@ -106,12 +105,8 @@ def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=Non
       a :class:`~numpy_ref._contract.blocks.BlockSchedule` (``rows``,
       ``pairs()``, ``visited``, ``total``, ``work()``).
     """
-    Lq, Lk = rules.count(Lq, "Lq"), rules.count(Lk, "Lk")
-    block_q, block_k = rules.count(block_q, "block_q", 1), rules.count(block_k, "block_k", 1)
-    rules.flag(causal, "causal")
-    window = rules.window(window)
-    rules.choice(align, "align", ALIGNS)
-    return _blocks.block_schedule(Lq, Lk, block_q, block_k, causal, window, align)
+    args = rules.block_schedule(Lq, Lk, block_q, block_k, causal, window, align)  # SPEC 3.22
+    return _blocks.block_schedule(*args)
 
 
 class _BlockwiseAttention(torch.autograd.Function):

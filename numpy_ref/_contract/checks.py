@@ -98,6 +98,16 @@ class Rules(ArrayRules):
         self.choice(align, "align", ALIGNS)
         return block_q, block_k, window
 
+    def block_schedule(self, Lq, Lk, block_q, block_k, causal, window, align):
+        """``block_schedule``: two lengths, positive block sizes, a causal flag, a window,
+        an alignment. Returns them as Python values (the window a tuple or None)."""
+        Lq, Lk = self.count(Lq, "Lq"), self.count(Lk, "Lk")
+        block_q, block_k = self.count(block_q, "block_q", 1), self.count(block_k, "block_k", 1)
+        self.flag(causal, "causal")
+        window = self.window(window)
+        self.choice(align, "align", ALIGNS)
+        return Lq, Lk, block_q, block_k, causal, window, align
+
     def window(self, window):
         """A sliding window: None, or a pair ``(left, right)`` of non-negative ints
         or None (no bound on that side). Returns a tuple or None."""
@@ -115,12 +125,7 @@ class Rules(ArrayRules):
         (each optional): ``(*batch, Lq, Dv)`` and ``(*batch, Lq)``.
 
         Returns ``(d_out, d_lse)``."""
-        d_lse = None
-        if isinstance(d_out, (tuple, list)):
-            if len(d_out) != 2:
-                raise ValueError("d_out: expected an array or a pair (d_out, d_lse), "
-                                 f"got a {type(d_out).__name__} of length {len(d_out)}")
-            d_out, d_lse = d_out
+        d_out, d_lse = _pair(d_out, "(d_out, d_lse)")
         batch = ("B", "H")[: q.ndim - 2]
         out_spec = ((*batch, "Lq", "Dv"), (*q.shape[:-1], v.shape[-1]))
         lse_spec = ((*batch, "Lq"), tuple(q.shape[:-1]))
@@ -1040,12 +1045,7 @@ class Rules(ArrayRules):
 
         ``out_spec``/``weights_spec``: ``(letters, shape)`` of out and weights.
         """
-        d_weights = None
-        if isinstance(d_out, (tuple, list)):
-            if len(d_out) != 2:
-                raise ValueError("d_out: expected an array or a pair (d_out, d_weights), "
-                                 f"got a {type(d_out).__name__} of length {len(d_out)}")
-            d_out, d_weights = d_out
+        d_out, d_weights = _pair(d_out, "(d_out, d_weights)")
         self.arrays({"d_out": d_out}, {"d_weights": d_weights})
         self.same_float_dtype({ref_name: ref, "d_out": d_out, "d_weights": d_weights})
         for x, name, (letters, shape) in ((d_out, "d_out", out_spec), (d_weights, "d_weights", weights_spec)):
@@ -1057,12 +1057,7 @@ class Rules(ArrayRules):
         """``rnn_backward``/``gru_backward``: ``d_out`` is ``d_outputs (B, L, Hs)``
         or a pair ``(d_outputs, d_h_n (B, Hs))``, either may be None; x's dtype.
         Returns ``(d_outputs, d_h_n)``."""
-        d_h_n = None
-        if isinstance(d_out, (tuple, list)):
-            if len(d_out) != 2:
-                raise ValueError("d_out: expected an array or a pair (d_outputs, d_h_n), "
-                                 f"got a {type(d_out).__name__} of length {len(d_out)}")
-            d_out, d_h_n = d_out
+        d_out, d_h_n = _pair(d_out, "(d_outputs, d_h_n)")
         self.arrays({}, {"d_out": d_out, "d_h_n": d_h_n})
         self.same_float_dtype({"x": x, "d_out": d_out, "d_h_n": d_h_n})
         if d_out is not None:
@@ -1084,3 +1079,13 @@ class Rules(ArrayRules):
         if float(dropout_p) > 0 and missing:
             raise ValueError(f"{name}: a backward pass with dropout_p > 0 needs the keep-masks of all "
                              f"{words} sites the forward ran with; missing {missing}")
+
+
+def _pair(d_out, what: str):
+    """``d_out`` or a pair ``(d_out, second)``: ``(d_out, second or None)``; another length is a ValueError."""
+    if not isinstance(d_out, (tuple, list)):
+        return d_out, None
+    if len(d_out) != 2:
+        raise ValueError(f"d_out: expected an array or a pair {what}, "
+                         f"got a {type(d_out).__name__} of length {len(d_out)}")
+    return d_out[0], d_out[1]

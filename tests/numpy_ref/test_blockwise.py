@@ -3,7 +3,8 @@ backward from ``(out, lse)`` equals finite differences and the dense
 backward, skipped blocks are never computed, and score memory is one block.
 
 The dense side is ``scaled_dot_product_attention`` with the equivalent mask,
-built here with plain numpy ``tril``/``triu`` (not ``numpy_ref.masks``); the
+built with plain numpy ``tril``/``triu`` (the catalog's ``_band``, not
+``numpy_ref.masks``); the
 dense ``lse`` is a masked log-sum-exp written out here.
 """
 import itertools
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import numpy_ref
+from conformance.cases_blockwise import _band
 from numpy_ref import blockwise as bw
 from numpy_ref.attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
 from numpy_ref.blockwise import block_schedule, blockwise_attention, blockwise_attention_backward
@@ -26,17 +28,8 @@ B, H, DK, DV = 2, 3, 4, 6
 
 
 def structure(Lq, Lk, causal=False, window=None, align="top_left"):
-    """The dense (Lq, Lk) mask of causal/window, from numpy's tril/triu, or None."""
-    left, right = (None, None) if window is None else window
-    if causal:
-        right = 0 if right is None else min(right, 0)
-    if left is None and right is None:
-        return None
-    offset = 0 if align == "top_left" else Lk - Lq
-    ones = np.ones((Lq, Lk), dtype=bool)
-    lower = ones if right is None else np.tril(ones, k=offset + right)  # j <= i + offset + right
-    upper = ones if left is None else np.triu(ones, k=offset - left)  # j >= i + offset - left
-    return lower & upper
+    """The dense (Lq, Lk) mask of causal/window from numpy's tril/triu (the catalog's), or None."""
+    return _band(Lq, Lk, causal, window, align)
 
 
 def dense(q, k, v, mask=None, bias=None, scale=None, causal=False, window=None, align="top_left"):
