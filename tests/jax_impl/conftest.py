@@ -39,6 +39,8 @@ STATIC = {
     "init_learned_positional_embedding": ("max_len", "d_model", "dtype"),
     "softmax": ("axis",),
     "scaled_dot_product_attention": ("scale", "dropout_p"),
+    "blockwise_attention": ("scale", "block_q", "block_k", "causal", "window", "align"),
+    "block_schedule": ("Lq", "Lk", "block_q", "block_k", "causal", "window", "align"),
     "additive_attention": (),
     "multi_head_attention": ("num_heads", "dropout_p"),
     "init_multi_head_attention": ("d_model", "dtype"),
