@@ -236,11 +236,11 @@ def memory_exponent(points):
 
 def _goal_memory_growth(rows, tag, framework):
     impl = f"{framework}_ref[blockwise]" if framework == "numpy" else f"{framework}_impl[blockwise]"
-    goal = (f"{impl} {tag} memory grows like L, not L² (memory ~ L^e over the longer half "
-            f"of the lengths, e <= {GOAL_MEMORY_EXPONENT})")
+    goal = (f"{impl} {tag} memory grows like L, not L² (memory ~ L^e from the middle length "
+            f"to the longest, e <= {GOAL_MEMORY_EXPONENT})")
     points = sorted((n, r["memory_bytes"]) for n, r in _ok(rows, impl).items()
                     if r["memory_bytes"])
-    points = points[len(points) // 2 - (len(points) % 2 == 0):] if len(points) > 2 else points
+    points = points[(len(points) - 1) // 2:]  # short lengths: constants, not growth
     if len(points) < 2:
         return {"goal": goal, "met": None, "detail": "fewer than two lengths measured"}
     e = memory_exponent(points)
@@ -306,7 +306,8 @@ def plot(report, path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install 'attention-spec[bench]'): no plot"
-    every = [r for r in report["results"] if r["op"] != "decode"]  # decode: plot_decode
+    # decode: plot_decode; blockwise: plot_blockwise
+    every = [r for r in report["results"] if r["op"] not in ("decode", "blockwise")]
     results = [r for r in every if r["status"] == "ok"]
     presets = list(dict.fromkeys(r["preset"] for r in every))
     ops = list(dict.fromkeys(r["op"] for r in every))
@@ -478,10 +479,12 @@ def plot_blockwise(report, path) -> str:
     h, shape = report["header"], rows[0]["shape"] if rows else {}
     blocks = ", ".join(f"{f} {q}x{k}" for preset in (h.get("blockwise", {}).get("block") or {}).values()
                        for f, (q, k) in preset.items())
+    pinned = (f", pinned to {h['cpus_usable']}"
+              if h.get("cpus_usable") not in (None, h["cpu_count"]) else "")
     fig.suptitle(f"B={shape.get('B')} H={shape.get('H')} Dh={shape.get('Dh')}, {h['dtype']}; "
                  f"blocks {blocks}; torch on {h['torch_device']} ({h['torch_num_threads']} "
-                 f"threads), jax on {h['jax_device']} ({h['cpu']}, {h['cpu_count']} CPUs)",
-                 fontsize=8)
+                 f"threads), jax on {h['jax_device']} ({h['cpu']}, {h['cpu_count']} CPUs"
+                 f"{pinned}); {h['started'][:10]}", fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
