@@ -212,7 +212,10 @@ def _goal_time(rows, tag, framework):
     mine, theirs = _ok(rows, impl), _ok(rows, peer)
     both = [n for n in sorted(mine) if n in theirs]
     if not both:
-        return {"goal": goal, "met": None, "detail": "not measured in this run"}
+        skipped = next((r["reason"] for r in rows if r["impl"] == peer and r["status"] != "ok"),
+                       None)
+        return {"goal": goal, "met": None, "detail": "not measured in this run" + (
+            f" ({peer} skipped: {skipped})" if mine and skipped else "")}
     ratios = ", ".join(f"{n}: {mine[n]['ratio_to_baseline']:.2f}x" for n in both)
     fused = [n for n in both if theirs[n].get("fused")]
     if not fused:
