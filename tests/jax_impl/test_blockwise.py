@@ -120,7 +120,8 @@ class Case(NamedTuple):
     def statics(self):
         return {"causal": self.causal, "window": self.window, "align": self.align}
 
-    def arrays(self, rng, dtype=np.float64):
+    def arrays(self, rng):
+        """float64 ``q, k, v, mask, bias`` (None where the case has none) as JAX arrays."""
         batch = (B, H)[: self.rank - 2]
         q, k = rng.normal(size=(*batch, self.Lq, DH)), rng.normal(size=(*batch, self.Lk, DH))
         v = rng.normal(size=(*batch, self.Lk, DV))
@@ -137,8 +138,7 @@ class Case(NamedTuple):
         elif self.bias == "heads":
             bias = rng.normal(size=(H, 1, self.Lk)[4 - self.rank:])
         arrays = {"q": q, "k": k, "v": v, "mask": mask, "bias": bias}
-        return {n: None if a is None else jnp.asarray(a, dtype if a.dtype.kind == "f" else None)
-                for n, a in arrays.items()}
+        return {n: None if a is None else jnp.asarray(a) for n, a in arrays.items()}
 
 
 CASES = [
@@ -220,14 +220,26 @@ def test_every_block_size_gives_the_same_outputs(block_q, block_k, rng):
 # --------------------------------------------------------------------------
 
 
-def test_nan_in_keys_no_row_may_read_reaches_no_output_and_no_gradient(rng):
-    case = Case("nan", causal=True, mask="pad", bias="full", block_q=2, block_k=3)
+NAN_CASES = [
+    Case("padding mask and -inf bias", causal=True, mask="pad", bias="full"),
+    # keys past Lq are unread by structure alone; the padded query row 5 must not read key 5
+    Case("causal alone, Lq not a multiple of block_q", causal=True),
+]
+
+
+@pytest.mark.parametrize("case", NAN_CASES, ids=[c.name for c in NAN_CASES])
+def test_nan_where_nothing_may_read_reaches_no_output_and_no_gradient(case, rng):
     arrays = case.arrays(rng)
     cts = _cotangents(rng, arrays)
-    unread = ~(np.asarray(arrays["mask"]) & (np.asarray(arrays["bias"]) != -np.inf)).any(axis=-2)  # (B, H, Lk)
-    unread |= ~structural(case.Lq, case.Lk, causal=True).any(axis=0)  # keys past every row's causal bound
+    masked = ~structural(case.Lq, case.Lk, **case.statics())  # (Lq, Lk)
+    if arrays["mask"] is not None:
+        masked = masked | ~np.asarray(arrays["mask"])
+    allowed = ~masked if arrays["bias"] is None else ~masked & (np.asarray(arrays["bias"]) != -np.inf)
+    unread = ~np.broadcast_to(allowed, (B, H, case.Lq, case.Lk)).any(axis=-2)  # (B, H, Lk)
     assert unread.any() and not unread.all()
     poisoned = {**arrays, **{n: jnp.where(unread[..., None], jnp.nan, arrays[n]) for n in ("k", "v")}}
+    if arrays["bias"] is not None:  # a bias under a False mask is never read either
+        poisoned["bias"] = jnp.where(masked, jnp.nan, arrays["bias"])
     (out, lse), grads = _blockwise(case, poisoned, cts)
     (want_out, want_lse), want_grads = _blockwise(case, arrays, cts)
     np.testing.assert_array_equal(out, want_out)
@@ -245,7 +257,7 @@ HALF_CASE = Case("half", causal=True, window=(3, None), align="bottom_right", ma
 def test_half_precision_is_no_further_from_the_float64_truth_than_dense(dtype, rng):
     arrays64 = HALF_CASE.arrays(rng)
     cts = _cotangents(rng, arrays64)
-    arrays = {n: None if a is None else a.astype(dtype) if a.dtype == jnp.float64 else a for n, a in arrays64.items()}
+    arrays = {n: a if a is None or a.dtype == jnp.bool_ else a.astype(dtype) for n, a in arrays64.items()}
     (out, lse), grads = _blockwise(HALF_CASE, arrays, cts)
     truth, truth_grads = _dense(HALF_CASE, arrays64, cts)
     (d_out, d_lse), d_grads = _dense(HALF_CASE, arrays, cts)
@@ -395,8 +407,8 @@ def test_jax_nn_dot_product_attention_differs_on_rows_that_see_no_key(rng):
     # ours: 0, -inf, no gradient; its masked scores are a finite -0.7 * float32 max, so an
     # empty row is the mean of every value and its lse about -2.4e38, and v gets a gradient
     assert (out[..., LQ:, :] == 0).all() and (vjp((d_out, jnp.zeros_like(lse)))[0] == 0).all()
-    np.testing.assert_allclose(want[..., LQ:, :], jnp.broadcast_to(v.mean(-2, keepdims=True), want[..., LQ:, :].shape),
-                               **ORACLE_TOL)
+    mean_v = jnp.broadcast_to(v.mean(-2, keepdims=True), want[..., LQ:, :].shape)  # (B, H, Lq - Lk, Dh)
+    np.testing.assert_allclose(want[..., LQ:, :], mean_v, **ORACLE_TOL)
     assert (np.asarray(want_lse[..., LQ:]) < -1e38).all() and np.isfinite(want_lse).all()
     assert (oracle_vjp((d_out, jnp.zeros_like(want_lse)))[0] != 0).any()
 
