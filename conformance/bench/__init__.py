@@ -8,7 +8,9 @@
 Times forward and forward+backward of scaled dot-product attention,
 multi-head attention, the encoder layer and the decoder layer for every
 implementation, and (the decode presets) one decoding step with the KV cache
-against recomputing the prefix, at several cache lengths; interleaved:
+against recomputing the prefix, at several cache lengths, and (the blockwise
+presets) long-sequence attention, dense vs blockwise vs the built-ins, time
+and memory at each length, forward+backward; interleaved:
 within each repeat every implementation runs once, in a rotating order, so
 machine drift hits all of them alike. Reports medians with
 min-max spread, peak memory, achieved GFLOP/s against the machine's measured
@@ -24,8 +26,9 @@ Modules (``cases`` and ``report`` are the benchmark's own, not
   implementations of each operation with the built-in each is compared to.
 - ``runners``: one runner per implementation, and its peak memory.
 - ``machine``: the float32 matmul peak and the report's header.
-- ``report``: the terminal tables and the PNG plots (``bench.png``, and
-  ``bench_decode.png`` for the decode presets), read from the JSON report.
+- ``report``: the terminal tables and the PNG plots (``bench.png``,
+  ``bench_decode.png`` for the decode presets, ``bench_blockwise.png`` for
+  the blockwise presets), and the blockwise goals, read from the JSON report.
 """
 from .cli import main
 

@@ -16,13 +16,18 @@ computes the same thing and the fused kernels are allowed to run):
   presets): with the KV cache (``decoder_step`` on ``T = 1`` new token,
   cache filled to ``n``) or without (a full causal decoder pass over the
   ``n + 1`` positions, keeping the last).
+- ``blockwise``: long-sequence single-head attention (the ``blockwise``
+  presets), forward+backward at each length ``L``, causal or not: the
+  dense ``(L, L)`` attention of each mirror, its blockwise (online-softmax)
+  attention, and the framework's own attention, side by side.
 
 Modes: ``forward`` (output only, no autograd recording) and
 ``forward+backward`` (the gradient of ``sum(out * d_out)`` with respect to the
 inputs and every parameter, from the inputs alone: numpy_ref's
 ``f_backward`` recomputes its forward, torch runs forward then
 ``autograd.grad``, JAX runs ``jax.vjp`` inside one jitted function).
-``decode`` is inference: forward only.
+``decode`` is inference: forward only; ``blockwise`` is timed forward+backward
+(what the blockwise backward exists for).
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from . import runners
 
 OPS = ("sdpa", "mha", "encoder_layer", "decoder_layer")
 OP_TITLES = {
+    "blockwise": "long-sequence attention, forward+backward: dense vs blockwise vs the built-ins",
     "sdpa": "scaled dot-product attention",
     "mha": "multi-head self-attention",
     "encoder_layer": "encoder layer (post-norm, relu)",
@@ -45,6 +51,8 @@ MODES = ("forward", "forward+backward")
 
 def op_modes(op):
     """The modes an operation is timed in: decoding is inference only."""
+    if op == "blockwise":
+        return ("forward+backward",)
     return ("forward",) if op == "decode" else MODES
 
 
@@ -134,9 +142,119 @@ DECODE_PRESETS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockwiseShape:
+    """Long-sequence attention for the ``blockwise`` presets: ``B`` batch,
+    ``H`` heads, ``Dh`` head width, timed at each sequence length in
+    ``lengths`` (self-attention, ``Lq = Lk = L``), causal and/or not
+    (``causal``, a tuple of bools). ``block`` (``(block_q, block_k)``)
+    replaces every backend's default block sizes (None: the defaults of
+    :data:`BLOCK_DEFAULTS`)."""
+
+    B: int
+    H: int
+    Dh: int
+    lengths: tuple
+    causal: tuple = (True, False)
+    block: tuple | None = None
+
+    def label(self) -> str:
+        return f"B={self.B} H={self.H} Dh={self.Dh}"
+
+    def at(self, n: int, causal: bool) -> "BlockwisePoint":
+        return BlockwisePoint(B=self.B, H=self.H, L=n, Dh=self.Dh, causal=causal)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockwisePoint:
+    """One blockwise case: ``q, k, v (B, H, L, Dh)``, causal or not."""
+
+    B: int
+    H: int
+    L: int
+    Dh: int
+    causal: bool
+
+    def label(self) -> str:
+        return (f"L={self.L} {'causal' if self.causal else 'non-causal'} · "
+                f"B={self.B} H={self.H} Dh={self.Dh}")
+
+    def scores_bytes(self, itemsize: int = 4) -> int:
+        """Bytes of one ``(B, H, L, L)`` array of scores (float32 by default)."""
+        return self.B * self.H * self.L * self.L * itemsize
+
+
+BLOCKWISE_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+BLOCKWISE_PRESETS = {
+    # tiny: the CI smoke test; blocks of 32 so that even these lengths have
+    # several blocks (and a short last one: 200 = 6 x 32 + 8)
+    "blockwise-quick": BlockwiseShape(B=1, H=1, Dh=16, lengths=(40, 200), block=(32, 32)),
+    # the issue's setting: one head of width 64, float32, up to 16k tokens;
+    # causal only by default (--causal both adds the non-causal half, which
+    # doubles the blockwise runs' time)
+    "blockwise": BlockwiseShape(B=1, H=1, Dh=64, lengths=BLOCKWISE_LENGTHS, causal=(True,)),
+}
+
+# (block_q, block_k) per framework and device class, when not given: chosen
+# for speed. On a CPU a block of 512 x 512 float32 scores is 1 MiB (it stays
+# in L2) and the Python loop runs (L / 512)² times per pass; 256 doubles the
+# loop's overhead in both directions, 1024 spills the cache. On a GPU each
+# block is a handful of kernel launches, so the blocks are larger.
+BLOCK_DEFAULTS = {
+    ("numpy", "cpu"): (512, 512),
+    ("torch", "cpu"): (512, 512),
+    ("torch", "gpu"): (1024, 1024),
+    ("jax", "cpu"): (512, 512),
+    ("jax", "gpu"): (1024, 1024),
+}
+
+# The dense runs build (B, H, L, L) arrays, several of them in the backward:
+# each framework's dense attention (and JAX's XLA built-in, dense on a CPU)
+# is skipped past this size of one float32 (B, H, L, L) scores array, in MiB.
+DENSE_MAX_MIB = {"numpy": 64, "torch": 256, "jax": 256}
+
+
+def parse_per_framework(text: str, parse_value, what: str) -> dict:
+    """``"512"`` (every framework) or ``"numpy=256,torch=512"`` -> ``{framework: value}``
+    (``{"*": value}`` for the first form)."""
+    text = text.replace(" ", "")
+    if "=" not in text:
+        return {"*": parse_value(text)}
+    out = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name not in ("numpy", "torch", "jax"):
+            raise ValueError(f"{what}: unknown framework {name!r} (numpy, torch, jax)")
+        out[name] = parse_value(value)
+    return out
+
+
+def parse_block(text: str) -> tuple:
+    """``"512"`` -> ``(512, 512)``; ``"256x512"`` -> ``(256, 512)`` (block_q x block_k)."""
+    parts = text.lower().split("x")
+    if len(parts) not in (1, 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"block: expected N or NxM, positive integers, got {text!r}")
+    return (int(parts[0]), int(parts[-1]))
+
+
+def parse_mib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ValueError(f"dense cap: expected a non-negative number of MiB, got {text!r}")
+    return value
+
+
 def shape_from_record(shape: dict):
-    """The :class:`Shape` or :class:`DecodePoint` a JSON record's ``shape`` came from."""
-    return DecodePoint(**shape) if "layers" in shape else Shape(**shape)
+    """The :class:`Shape`, :class:`DecodePoint` or :class:`BlockwisePoint` a JSON
+    record's ``shape`` came from."""
+    if "layers" in shape:
+        return DecodePoint(**shape)
+    if "causal" in shape:
+        return BlockwisePoint(**shape)
+    return Shape(**shape)
 
 
 def parse_lengths(text: str) -> tuple:
@@ -171,6 +289,8 @@ def flops(op: str, shape, mode: str, impl: str = "") -> int:
     """
     if op == "decode":
         return decode_flops(shape, cached=impl.endswith("[cached]"))
+    if op == "blockwise":
+        return blockwise_flops(shape, mode)
     B, L, D, F = shape.B, shape.L, shape.D, shape.F
     attention = 4 * B * shape.H * L * L * shape.Dh
     projections = 4 * 2 * B * L * D * D
@@ -208,11 +328,27 @@ def decode_flops(point: DecodePoint, cached: bool) -> int:
     return point.layers * per_layer
 
 
+def blockwise_flops(point: BlockwisePoint, mode: str = "forward+backward") -> int:
+    """Matmul FLOPs of the attention's useful work: ``4 B H P Dh`` forward
+    (``q kᵀ`` and ``p v``) over the ``P`` (query, key) pairs that count,
+    ``L²``, or ``L (L + 1) / 2`` when causal, whichever implementation runs
+    (a dense causal one computes all ``L²`` and throws half away; a blockwise
+    one computes the diagonal blocks whole). Forward+backward is 3 x forward,
+    as for the other operations (FlashAttention-2's backward recomputes the
+    scores: 3.5 x would count that recomputation as work)."""
+    pairs = point.L * (point.L + 1) // 2 if point.causal else point.L * point.L
+    forward = 4 * point.B * point.H * pairs * point.Dh
+    return forward if mode == "forward" else 3 * forward
+
+
 def make_inputs(op: str, shape: Shape, seed: int = 0) -> dict:
     """float32 numpy inputs, one cotangent ``d_out`` and (mha, encoder) params."""
     import numpy_ref
 
     rng = np.random.default_rng(seed)
+    if op == "blockwise":  # q, k, v, d_out (B, H, L, Dh), no parameters
+        dims = (shape.B, shape.H, shape.L, shape.Dh)
+        return {n: rng.standard_normal(dims, dtype=np.float32) for n in ("q", "k", "v", "d_out")}
     B, L, D, H, Dh = shape.B, shape.L, shape.D, shape.H, shape.Dh
 
     def normal(*dims):
@@ -262,6 +398,7 @@ class Impl:
     prepare: object  # (Problem, mode) -> runners.Runner; raises Skip
     baseline: str | None = None
     note: str = ""
+    dense: str | None = None  # blockwise: the same framework's dense attention
 
 
 F_SDPA = "F.scaled_dot_product_attention"
@@ -275,6 +412,8 @@ NN_TD = "nn.TransformerDecoder[recompute]"
 JNP_REF = "jnp reference"
 INFORMATIVE = "informative only: numpy vs the torch built-in"
 RECOMPUTE = "recompute / cached: what the KV cache saves per token"
+JAX_DPA_PEER = "jax.nn.dot_product_attention"
+BW_NUMPY = "informative only: numpy vs torch's fused kernel"
 
 IMPLS = {
     "sdpa": (
@@ -333,5 +472,23 @@ IMPLS = {
              "jax_impl[cached]", RECOMPUTE + " (both jitted)"),
         Impl(NN_TD, "torch", "builtin", runners.torch_decoder_stack, "torch_impl[cached]",
              "the built-in has no cache: its full pass / torch_impl's cached step"),
+    ),
+    # long sequences, forward+backward; "vs dense" divides each blockwise
+    # median by its own framework's dense one
+    "blockwise": (
+        Impl("numpy_ref[dense]", "numpy", "mirror", runners.numpy_blockwise_dense, F_SDPA,
+             BW_NUMPY),
+        Impl("numpy_ref[blockwise]", "numpy", "mirror", runners.numpy_blockwise, F_SDPA,
+             BW_NUMPY, dense="numpy_ref[dense]"),
+        Impl("torch_impl[dense]", "torch", "mirror", runners.torch_blockwise_dense, F_SDPA,
+             "the math path (need_weights=True): (L, L) weights built and saved for the backward"),
+        Impl("torch_impl[blockwise]", "torch", "mirror", runners.torch_blockwise, F_SDPA,
+             "the issue's goal: within 1.5x of the fused kernel", dense="torch_impl[dense]"),
+        Impl(F_SDPA, "torch", "builtin", runners.torch_sdpa_causal),
+        Impl("jax_impl[dense]", "jax", "mirror", runners.jax_blockwise_dense, JAX_DPA_PEER),
+        Impl("jax_impl[blockwise]", "jax", "mirror", runners.jax_blockwise, JAX_DPA_PEER,
+             "fused only where JAX has a fused kernel (cuDNN on a GPU); "
+             "on a CPU its XLA path is dense", dense="jax_impl[dense]"),
+        Impl(JAX_DPA_PEER, "jax", "builtin", runners.jax_dpa_causal),
     ),
 }

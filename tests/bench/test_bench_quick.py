@@ -1,13 +1,10 @@
 """The benchmark's smoke test: ``--quick`` runs end to end (the op presets'
-``quick`` and the decode presets' ``decode-quick``) and its JSON holds every
-implementation, timed or skipped with a reason. Nothing here asserts a
-speed: the numbers are only checked for being consistent with each other.
+``quick``, the decode presets' ``decode-quick`` and the blockwise presets'
+``blockwise-quick``) and its JSON holds every implementation, timed or
+skipped with a reason. Nothing here asserts a speed: the numbers are only
+checked for being consistent with each other. The ``quick`` fixture (one
+run, shared with test_bench_blockwise.py) is in conftest.py.
 """
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -15,30 +12,16 @@ from conformance import bench
 from conformance.bench import cli
 # under its old name: `report` is what the tests call the JSON report
 from conformance.bench import report as bench_report
-from conformance.bench.cases import (DECODE_PRESETS, IMPLS, PRESETS, DecodePoint, Shape, flops,
-                                     make_decode_inputs, make_inputs, op_modes, parse_lengths,
-                                     parse_shape, shape_from_record)
+from conformance.bench.cases import (BLOCKWISE_PRESETS, DECODE_PRESETS, IMPLS, PRESETS,
+                                     DecodePoint, Shape, flops, make_decode_inputs, make_inputs,
+                                     op_modes, parse_lengths, parse_shape, shape_from_record)
 from conformance.bench.runners import Problem, Skip, numpy_ref
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    """One ``--quick`` run in a child process (torch threads and JAX config
-    stay out of the test process); its JSON report and stdout."""
-    out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run(
-        [sys.executable, "-m", "conformance", "bench", "--quick",
-         "--json", str(out / "bench.json"), "--plot", "none"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((out / "bench.json").read_text()), proc.stdout
 
 
 def _key(r):
-    """A record's case and implementation: decode has one case per cache length L."""
-    return (r["preset"], r["shape"]["L"], r["op"], r["mode"], r["impl"])
+    """A record's case and implementation: decode has one case per cache length L,
+    blockwise one per (L, causal)."""
+    return (r["preset"], r["shape"]["L"], r["shape"].get("causal"), r["op"], r["mode"], r["impl"])
 
 
 def _by_key(report):
@@ -49,10 +32,13 @@ def test_quick_report_has_every_implementation_timed_or_skipped_with_a_reason(qu
     report, _ = quick
     records = _by_key(report)
     L = PRESETS["quick"].L
-    expected = {("quick", L, op, mode, impl.name) for op, impls in IMPLS.items() if op != "decode"
-                for mode in op_modes(op) for impl in impls}
-    expected |= {("decode-quick", n, "decode", "forward", impl.name)
+    expected = {("quick", L, None, op, mode, impl.name) for op, impls in IMPLS.items()
+                if op not in ("decode", "blockwise") for mode in op_modes(op) for impl in impls}
+    expected |= {("decode-quick", n, None, "decode", "forward", impl.name)
                  for n in DECODE_PRESETS["decode-quick"].lengths for impl in IMPLS["decode"]}
+    bw = BLOCKWISE_PRESETS["blockwise-quick"]
+    expected |= {("blockwise-quick", n, c, "blockwise", "forward+backward", impl.name)
+                 for n in bw.lengths for c in bw.causal for impl in IMPLS["blockwise"]}
     assert set(records) == expected
     assert len(report["results"]) == len(expected)  # no duplicates
     for key, record in records.items():
@@ -83,8 +69,8 @@ def test_quick_ratios_divide_by_the_baseline_median(quick, builtins_installed):
     report, _ = quick
     records = _by_key(report)
     compared = 0
-    for (preset, L, op, mode, _), r in records.items():
-        base = records.get((preset, L, op, mode, r["baseline"]))
+    for (preset, L, causal, op, mode, _), r in records.items():
+        base = records.get((preset, L, causal, op, mode, r["baseline"]))
         if r["status"] == "ok" and base is not None and base["status"] == "ok":
             assert r["ratio_to_baseline"] == pytest.approx(r["median_s"] / base["median_s"])
             compared += 1
@@ -126,6 +112,8 @@ def test_quick_table_prints_a_row_per_implementation_and_mode(quick):
     report, stdout = quick
     lines = stdout.splitlines()
     for r in report["results"]:
+        if r["op"] == "blockwise":  # a table per length: test_bench_blockwise.py
+            continue
         mode = bench_report.MODE_SHORT[r["mode"]]
         assert any(line.startswith(r["impl"] + " ") and f" {mode} " in line for line in lines), \
             (r["impl"], mode)
@@ -165,7 +153,7 @@ def test_quick_decode_table_has_a_row_per_implementation_and_ratio_and_a_column_
     for cells in table[len(names):]:
         name = cells[0].split(" / ")[0]
         for n, cell in zip(lengths, cells[1:]):
-            ratio = by_key["decode-quick", n, "decode", "forward", name]["ratio_to_baseline"]
+            ratio = by_key["decode-quick", n, None, "decode", "forward", name]["ratio_to_baseline"]
             assert cell == ("-" if ratio is None else f"{ratio:.3g}x")
     header = next(line for line in stdout.splitlines() if line.startswith("cache length L"))
     assert header.split()[3:] == [str(n) for n in lengths]
