@@ -33,6 +33,7 @@ from .backends import BUILTINS, PEERS, Unavailable, load
 from .fixtures import DEFAULT_DIR, ManifestError
 from .report import (DTYPE_ORDER, Progress, coverage_lines, difference_lines, failures, format_table,
                      peer_markdown, verdict_lines, write_json, write_junit)
+from .parallel import auto_jobs, run_parallel
 from .runner import coverage_problems, difference_problems, load_all, parse_select, run
 
 __all__ = ["main"]
@@ -69,6 +70,9 @@ def _parser(peers: bool = False) -> argparse.ArgumentParser:
                    "component) ran on every backend in every dtype it runs")
     p.add_argument("--max-fail", type=_positive, metavar="N",
                    help="stop after N failed cases (the report covers what ran)")
+    p.add_argument("--jobs", type=_jobs, default="auto", metavar="N",
+                   help="passes (backend x dtype) run side by side in N worker processes; `auto` "
+                   "(the default): 2 when a JAX backend runs (compile-bound) on 2+ CPUs, else 1")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="every problem of a failing case (default: one line per case)")
     p.add_argument("--json", metavar="PATH", help="also write a JSON report")
@@ -79,6 +83,10 @@ def _parser(peers: bool = False) -> argparse.ArgumentParser:
                    help="compile JAX programs with XLA's default flags; by default the command sets "
                    "XLA's compile-speed flags (conformance.xla), about half the JAX backend's time")
     return p
+
+
+def _jobs(text: str):
+    return "auto" if text == "auto" else _positive(text)
 
 
 def _positive(text: str) -> int:
@@ -279,8 +287,14 @@ def _certify(args, peers: bool = False, markdown_to=None) -> int:
               f"(components: {', '.join(components)}; or `all`)", file=sys.stderr)
         return 2
 
+    jobs = auto_jobs(backends, args.max_fail) if args.jobs == "auto" else args.jobs
     with Progress() as progress:
-        outcomes = run(backends, fixtures, args.dtype, args.device, progress, max_fail=args.max_fail)
+        if jobs > 1 and args.max_fail is None and len(backends) > 0:
+            specs = [info[b.name]["spec"] for b in backends]
+            outcomes = run_parallel(specs, backends, (args.fixtures, args.select), args.dtype, args.device,
+                                    progress, jobs)
+        else:
+            outcomes = run(backends, fixtures, args.dtype, args.device, progress, max_fail=args.max_fail)
     seconds = time.perf_counter() - start
     print(format_table(outcomes, {b.name: bool(b.gradients) for b in backends}))
     problems = failures(outcomes, broken, args.verbose) + problems

@@ -34,7 +34,7 @@ from .protocol import Backend
 from .tolerances import bounds, describe, error_ratio, magnitude, max_error, zero_scale
 
 __all__ = [
-    "Outcome", "Broken", "Session", "load_all", "check_case", "check_error", "run",
+    "Outcome", "Broken", "Session", "load_all", "check_case", "check_error", "run", "run_pass",
     "coverage_problems", "matches", "parse_select", "device_problem",
     "classify", "difference_status", "difference_problems", "verdict",
 ]
@@ -420,14 +420,12 @@ def run(
     ``phase`` is a dtype or ``"errors"``. With ``max_fail``, the run stops
     after that many failed cases (the outcomes so far are returned).
     """
-    values = [f for f in fixtures if f.call.expect_error is None]
-    errors = [f for f in fixtures if f.call.expect_error is not None]
-    batches = [list(g) for _, g in groupby(values, key=lambda f: f.call.function)]
     outcomes: list[Outcome] = []
 
     def stop() -> bool:
         return max_fail is not None and sum(o.status == "fail" for o in outcomes) >= max_fail
 
+    has_errors = any(f.call.expect_error is not None for f in fixtures)
     for backend in backends:
         with Session(backend, device) as session:
             if session.setup_problem:
@@ -435,36 +433,52 @@ def run(
                 o.fail(session.setup_problem)
                 outcomes.append(o)
                 continue
-            for dtype in passes(backend, dtypes):
-                done, ran = 0, 0
-                for batch in batches:
-                    if progress:  # before a batch: an adapter may compile it all in prepare
-                        progress(backend.name, dtype, done, len(values), batch[0].name)
-                    for fixture in batch:
-                        if stop():
-                            return outcomes
-                        outcomes.append(session.value(fixture, dtype, batch))
-                        done += 1
-                        ran += outcomes[-1].ran
-                        if progress:
-                            progress(backend.name, dtype, done, len(values), fixture.name)
-                if progress:
-                    progress(backend.name, dtype, ran, len(values), None)
-            ran = 0
-            for i, fixture in enumerate(errors):
-                if stop():
+            for phase in passes(backend, dtypes) + (["errors"] if has_errors else []):
+                if not run_pass(session, backend, phase, fixtures, progress, outcomes, stop):
                     return outcomes
-                outcomes.append(session.error(fixture))
-                ran += outcomes[-1].ran
-                if progress:
-                    progress(backend.name, "errors", i + 1, len(errors), fixture.name)
-            if errors and progress:
-                progress(backend.name, "errors", ran, len(errors), None)
         if session.teardown_problem:
             o = Outcome(backend.name, None, "<teardown>", "teardown")
             o.fail(session.teardown_problem)
             outcomes.append(o)
     return outcomes
+
+
+def run_pass(session, backend, phase, fixtures, progress, outcomes, stop=lambda: False, label=None) -> bool:
+    """One pass: every value case in dtype ``phase`` (batched by function, so an
+    adapter may compile a batch at once), or every error case (``phase="errors"``),
+    appended to ``outcomes``. False when ``stop()`` cut it short. ``label``
+    names the pass in ``progress`` (default: ``phase``)."""
+    label = label or phase
+    if phase == "errors":
+        errors = [f for f in fixtures if f.call.expect_error is not None]
+        ran = 0
+        for i, fixture in enumerate(errors):
+            if stop():
+                return False
+            outcomes.append(session.error(fixture))
+            ran += outcomes[-1].ran
+            if progress:
+                progress(backend.name, "errors", i + 1, len(errors), fixture.name)
+        if errors and progress:
+            progress(backend.name, "errors", ran, len(errors), None)
+        return True
+    values = [f for f in fixtures if f.call.expect_error is None]
+    batches = [list(g) for _, g in groupby(values, key=lambda f: f.call.function)]
+    done, ran = 0, 0
+    for batch in batches:
+        if progress:  # before a batch: an adapter may compile it all in prepare
+            progress(backend.name, label, done, len(values), batch[0].name)
+        for fixture in batch:
+            if stop():
+                return False
+            outcomes.append(session.value(fixture, phase, batch))
+            done += 1
+            ran += outcomes[-1].ran
+            if progress:
+                progress(backend.name, label, done, len(values), fixture.name)
+    if progress:
+        progress(backend.name, label, ran, len(values), None)
+    return True
 
 
 # --------------------------------------------------------------------------

@@ -213,3 +213,54 @@ def test_bench_without_its_module_says_so(capsys, monkeypatch):
     code, _, err = _run(capsys, "bench", "--quick")
     assert code == 2
     assert "conformance/bench/" in err
+
+
+# --------------------------------------------------------------------------
+# --jobs: passes in worker processes give the sequential run's outcomes
+
+
+def _comparable(outcomes):
+    import dataclasses
+
+    return [{k: v for k, v in dataclasses.asdict(o).items() if k != "seconds"} for o in outcomes]
+
+
+def test_worker_processes_give_the_outcomes_of_the_sequential_run_in_its_order():
+    from conformance.backends import load
+    from conformance.fixtures import DEFAULT_DIR
+    from conformance.parallel import run_parallel
+    from conformance.runner import load_all, run
+
+    specs = ["numpy", f"{BROKEN}:BrokenBackend"]
+    backends = [load(s) for s in specs]
+    source = (str(DEFAULT_DIR), SELECT + " or softmax/error")
+    fixtures, _ = load_all(*source)
+    sequential = run(backends, fixtures, ("float64", "float32"))
+    parallel = run_parallel(specs, backends, source, ("float64", "float32"), None, None, jobs=2)
+    assert any(o.status == "fail" for o in sequential)  # the broken backend's failures come back too
+    assert _comparable(parallel) == _comparable(sequential)
+
+
+def test_a_pass_is_cut_by_function_only_for_jax():
+    from conformance.parallel import _parts, auto_jobs
+    from conformance.runner import load_all
+    from conformance.fixtures import DEFAULT_DIR
+
+    values = [f for f in load_all(str(DEFAULT_DIR), "sdpa/cross or mha/cross")[0] if f.call.expect_error is None]
+    assert [p[2] for p in _parts(values)] == [("scaled_dot_product_attention",), ("multi_head_attention",)]
+
+    class Jax:
+        requires = ("jax",)
+
+    class Other:
+        requires = ("torch",)
+
+    assert auto_jobs([Other(), Other()], None) == 1  # seconds a pass: no worker is worth starting
+    assert auto_jobs([Other(), Jax()], 3) == 1  # --max-fail counts failures in order: one process
+    assert auto_jobs([Jax()], None) == min(2, __import__("os").cpu_count() or 1)
+
+
+def test_jobs_must_be_a_positive_integer_or_auto(capsys):
+    with pytest.raises(SystemExit):
+        main(["--jobs", "0"])
+    assert "--jobs: expected a positive integer, got '0'" in capsys.readouterr().err
