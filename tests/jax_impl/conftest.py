@@ -32,6 +32,7 @@ def catalog(name):
 STATIC = {
     "padding_mask": ("max_len", "pad_id"),
     "causal_mask": ("Lq", "Lk"),
+    "sliding_window_mask": ("Lq", "Lk", "window", "align"),
     "combine_masks": (),
     "mask_to_bias": ("dtype",),
     "sinusoidal_encoding": ("max_len", "d_model", "dtype"),

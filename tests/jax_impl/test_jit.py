@@ -47,6 +47,7 @@ def _calls(rng):
     return {
         "padding_mask": ((), {"lengths": np.array([3, 7]), "max_len": LK}),
         "causal_mask": ((), {"Lq": LQ, "Lk": LK}),
+        "sliding_window_mask": ((), {"Lq": LQ, "Lk": LK, "window": (2, 1), "align": "bottom_right"}),
         "combine_masks": ((_pad([3, 7]), None, causal), {}),
         "mask_to_bias": ((), {"mask": causal, "dtype": jnp.float64}),
         "sinusoidal_encoding": ((), {"max_len": LK, "d_model": 11, "dtype": jnp.float64}),
