@@ -224,7 +224,7 @@ def _goal_time(rows, tag, framework):
                 "detail": f"no fused kernel on this device ({peer}: {note}); "
                           f"ratios to it, for information: {ratios}"}
     bad = [n for n in fused if mine[n]["ratio_to_baseline"] > GOAL_TIME_RATIO]
-    where = (f"met at every L" if not bad else
+    where = ("met at every L" if not bad else
              f"over {GOAL_TIME_RATIO}x at L = {', '.join(map(str, bad))}")
     return {"goal": goal, "met": not bad, "detail": f"{where}; ratios {ratios}"}
 
@@ -299,16 +299,27 @@ def _row(cells):
     return " ".join(f"{c:<{w}}" for c, w in zip(cells, WIDTHS)).rstrip()
 
 
-def plot(report, path) -> str:
-    """Median time per implementation per preset, log scale; one panel per
-    (mode, op). Returns a line for the progress log."""
+_NO_MATPLOTLIB = "matplotlib is not installed (pip install 'attention-spec[bench]'): no plot"
+
+
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, or None without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install 'attention-spec[bench]'): no plot"
+        return None
+    return plt
+
+
+def plot(report, path) -> str:
+    """Median time per implementation per preset, log scale; one panel per
+    (mode, op). Returns a line for the progress log."""
+    plt = _pyplot()
+    if plt is None:
+        return _NO_MATPLOTLIB
     # decode: plot_decode; blockwise: plot_blockwise
     every = [r for r in report["results"] if r["op"] not in ("decode", "blockwise")]
     results = [r for r in every if r["status"] == "ok"]
@@ -355,13 +366,9 @@ def plot_decode(report, path) -> str:
     log-log, cached (solid) and recompute (dashed) per framework, with O(L)
     and O(L²) guide lines; a second panel with the ratios recompute / cached.
     Returns a line for the progress log."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'attention-spec[bench]'): no plot"
+    plt = _pyplot()
+    if plt is None:
+        return _NO_MATPLOTLIB
     rows = [r for r in report["results"] if r["op"] == "decode"]
     ok = [r for r in rows if r["status"] == "ok"]
     impls = list(dict.fromkeys(r["impl"] for r in rows))
@@ -427,13 +434,9 @@ def plot_blockwise(report, path) -> str:
     one row of panels per causal setting; per framework one colour, dense
     dashed, blockwise solid, the built-in dotted; O(L) and O(L²) guides.
     Returns a line for the progress log."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'attention-spec[bench]'): no plot"
+    plt = _pyplot()
+    if plt is None:
+        return _NO_MATPLOTLIB
     import math
 
     rows = [r for r in report["results"] if r["op"] == "blockwise"]
