@@ -148,10 +148,13 @@ def _forward(q, k, v, mask, bias, scale, sched):
             acc = q_b.new_zeros((*q_b.shape[:-1], v.shape[-1]))  # (*batch, bq, Dv)
             for k0, k1 in _key_blocks(sched, kb0, kb1):
                 k_b, v_b, s, valid, _ = _block(q_b, k32, v32, mask, bias, sched, q0, q1, k0, k1)
-                m_new = torch.maximum(m, torch.where(valid, s, -math.inf).amax(-1, keepdim=True))
+                # valid None: nothing restricts the block, and a -inf score gives exp = 0 by itself
+                m_new = torch.maximum(m, (s if valid is None else torch.where(valid, s, -math.inf))
+                                      .amax(-1, keepdim=True))
                 m_use = torch.where(m_new == -math.inf, 0.0, m_new)  # no -inf - (-inf)
                 alpha = torch.exp(m - m_use)  # (*batch, bq, 1); 0 while m = -inf
-                p = torch.where(valid, torch.exp(s - m_use), 0.0)  # (*batch, bq, bk)
+                p = torch.exp(s - m_use)  # (*batch, bq, bk)
+                p = p if valid is None else torch.where(valid, p, 0.0)
                 l = alpha * l + p.sum(-1, keepdim=True)  # (*batch, bq, 1)
                 acc = alpha * acc + p @ v_b  # (*batch, bq, Dv)
                 m = m_new
@@ -178,9 +181,11 @@ def _backward(q, k, v, mask, bias, out, lse, d_out, d_lse, scale, sched, want_bi
             q_b, dO_b, D_b = qs[..., q0:q1, :], dO[..., q0:q1, :], D[..., q0:q1, :]
             for k0, k1 in _key_blocks(sched, kb0, kb1):
                 k_b, v_b, s, valid, read = _block(q_b, k32, v32, mask, bias, sched, q0, q1, k0, k1)
-                P = torch.where(valid, torch.exp(s - lse_safe[..., q0:q1, :]), 0.0)  # (*batch, bq, bk)
+                P = torch.exp(s - lse_safe[..., q0:q1, :])  # (*batch, bq, bk)
+                P = P if valid is None else torch.where(valid, P, 0.0)
                 dP = dO_b @ v_b.transpose(-1, -2)  # (*batch, bq, bk)
-                dS = torch.where(valid, P * (dP - D_b), 0.0)  # (*batch, bq, bk)
+                dS = P * (dP - D_b)  # (*batch, bq, bk)
+                dS = dS if valid is None else torch.where(valid, dS, 0.0)
                 dv[..., k0:k1, :] += _unread_to_zero(P.transpose(-1, -2) @ dO_b, read)  # (*batch, bk, Dv)
                 dk[..., k0:k1, :] += _unread_to_zero(dS.transpose(-1, -2) @ q_b, read)  # (*batch, bk, Dk)
                 dq[..., q0:q1, :] += dS @ k_b  # (*batch, bq, Dk), times scale below
@@ -210,14 +215,19 @@ def _block(q_b, k, v, mask, bias, sched, q0, q1, k0, k1):
     Returns ``k_b (*batch, bk, Dk)``, ``v_b (*batch, bk, Dv)``,
     ``s (*batch, bq, bk)``, ``valid`` (bool, broadcast to ``s``) and ``read``
     (bool ``(..., bk, 1)``: the keys some row of the block may read; None = all).
+    ``valid`` is None when nothing restricts the block (no mask, no bias, and
+    no causal/window bound cuts it): then every score is valid but ``-inf``
+    ones, whose ``exp`` is 0 without a selection, and the caller skips the
+    selections (a third of the elementwise passes of an interior block).
     """
     allowed = _allowed(mask, bias, sched, q0, q1, k0, k1, q_b.device)  # (..., bq, bk) or None
     read = None if allowed is None else allowed.any(-2, keepdim=True).transpose(-1, -2)  # (..., bk, 1)
     k_b = _unread_to_zero(k[..., k0:k1, :], read)  # (*batch, bk, Dk); SPEC 3.4a
     v_b = _unread_to_zero(v[..., k0:k1, :], read)  # (*batch, bk, Dv)
     s = _scores(q_b, k_b, None if bias is None else _upcast(_block_view(bias, q0, q1, k0, k1)))
-    valid = s != -math.inf  # (*batch, bq, bk)
-    return k_b, v_b, s, valid if allowed is None else valid & allowed, read
+    if allowed is None:
+        return k_b, v_b, s, None, read
+    return k_b, v_b, s, (s != -math.inf) & allowed, read
 
 
 def _scores(q_b, k_b, bias_b):
@@ -230,7 +240,7 @@ def _allowed(mask, bias, sched, q0, q1, k0, k1, device):
     """``mask & structural & (bias != -inf)`` of one block, by selection on
     broadcast views; None when nothing restricts it."""
     allowed = None
-    if sched.structural:
+    if sched.structural and not _inside(sched, q0, q1, k0, k1):
         allowed = _structural(sched, q0, q1, k0, k1, device)  # (bq, bk)
     if mask is not None:
         m_b = _block_view(mask, q0, q1, k0, k1)  # (..., bq|1, bk|1)
@@ -239,6 +249,14 @@ def _allowed(mask, bias, sched, q0, q1, k0, k1, device):
         finite = _block_view(bias, q0, q1, k0, k1) != -math.inf  # a -inf score counts as masked
         allowed = finite if allowed is None else allowed & finite
     return allowed
+
+
+def _inside(sched, q0, q1, k0, k1) -> bool:
+    """True when every row of the block sees every key of it: the first key is
+    within the last row's left bound and the last key within the first row's right bound."""
+    left_ok = sched.left is None or k0 >= q1 - 1 + sched.offset - sched.left
+    right_ok = sched.right is None or k1 - 1 <= q0 + sched.offset + sched.right
+    return left_ok and right_ok
 
 
 def _structural(sched, q0, q1, k0, k1, device):

@@ -460,3 +460,27 @@ def test_numpy_arrays_are_refused():
     q = np.zeros((B, LQ, DH))
     with pytest.raises(TypeError, match="torch.Tensor"):
         ti.blockwise_attention(q, q, q)
+
+
+def test_blocks_nothing_restricts_skip_the_selections_and_give_the_same_bits():
+    """A block with no mask, no bias and no causal/window cut takes the path
+    without ``where``s; an all-True mask forces the selections: same bits on
+    finite inputs. (With an infinite input in a key some query reads, both
+    paths give NaN in that row, though not always in the same gradient
+    entries: garbage in a read position is not the spec's business, 3.4a.)"""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 3, 12, 5, generator=g, dtype=torch.float64) for _ in range(3))
+    every = torch.ones(12, 12, dtype=torch.bool)
+    for kw in (dict(), dict(causal=True), dict(window=(6, 4), align="bottom_right")):
+        sched = bw.block_schedule(12, 12, block_q=4, block_k=4, **kw)
+        inside = [bw._inside(sched, q0, q1, k0, k1) for q0, q1, k0, k1 in sched.pairs()]
+        assert any(inside) and (not kw or not all(inside))  # both kinds of block occur
+        results = []
+        for mask in (None, every):
+            leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+            out, lse = ti.blockwise_attention(*leaves, mask, block_q=4, block_k=4, **kw)
+            c1 = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+            grads = torch.autograd.grad((out * c1).sum() + lse.sum(), leaves)
+            results.append([out, lse, *grads])
+        for a, b in zip(*results):
+            assert torch.equal(a, b)
