@@ -122,8 +122,16 @@ def decoder_site_masks():
     return {**site_masks(), "cross_attention": keep(B, H, L, S), "residual_cross": keep(B, L, D)}
 
 
-def attention_cache(length=1):
-    return {"k": f(B, H, C, D // H), "v": f(B, H, C, D // H), "length": np.array(length)}
+def attention_cache(length=1, heads=H, head_dim=D // H):
+    return {"k": f(B, heads, C, head_dim), "v": f(B, heads, C, head_dim), "length": np.array(length)}
+
+
+HG, HKV = 3, 1  # grouped-query attention with rope: D = 6, three query heads of width 2, one kv head
+
+
+def gqa_params():
+    Dkv = HKV * (D // HG)
+    return {**mha_params(), "w_k": f(D, Dkv), "b_k": f(Dkv), "w_v": f(D, Dkv), "b_v": f(Dkv)}
 
 
 def layer_cache():
@@ -163,6 +171,24 @@ BASE = [
      {"q": f(B, LQ, DK), "k": f(B, LK, DK), "v": f(B, LK, DV), "mask": None, "bias": f(LQ, LK),
       "scale": 0.5, "block_q": 128, "block_k": 1, "causal": False, "window": None, "align": "top_left"},
      {"mask": (B, LQ, LK), "bias": (B, LQ, LK)}),
+    ("scaled_dot_product_attention",
+     {"q": f(B, H, LQ, DK), "k": f(B, 1, LK, DK), "v": f(B, 1, LK, DV), "mask": keep(B, 1, 1, LK),
+      "bias": f(H, 1, LK), "scale": None, "dropout_p": 0.0, "dropout_mask": None, "softcap": 2.5},
+     {"mask": (B, H, LQ, LK), "bias": (B, H, LQ, LK), "dropout_mask": (B, H, LQ, LK)}),
+    ("blockwise_attention",
+     {"q": f(B, H, LQ, DK), "k": f(B, 1, LK, DK), "v": f(B, 1, LK, DV), "mask": None, "bias": None,
+      "scale": None, "block_q": 2, "block_k": 3, "causal": True, "window": None, "align": "bottom_right",
+      "softcap": 4.0, "alibi_slopes": np.abs(f(H))},
+     {"mask": (B, H, LQ, LK), "bias": (B, H, LQ, LK)}),
+    ("rotary_embedding", {"x": f(B, H, L, 4), "positions": np.array([[0, 3, 5], [2, 2, 9]]), "base": 100.0,
+                          "convention": "interleaved"}, {}),
+    ("rotary_embedding", {"x": f(B, L, 6), "positions": None, "base": 10000.0, "convention": "half"}, {}),
+    ("rope_permutation", {"head_dim": 6}, {}),
+    ("convert_rope_params", {"params": gqa_params(), "num_heads": HG, "num_kv_heads": HKV, "to": "interleaved"},
+     {}),
+    ("alibi_slopes", {"num_heads": 6, "dtype": Dtype("float64")}, {}),
+    ("alibi_bias", {"num_heads": 3, "Lq": 3, "Lk": 4, "align": "bottom_right", "symmetric": True,
+                    "dtype": Dtype("float64")}, {}),
     ("block_schedule", {"Lq": 5, "Lk": 7, "block_q": 2, "block_k": 3, "causal": True, "window": (1, 4),
                         "align": "top_left"}, {}),
     ("additive_attention",
@@ -172,7 +198,14 @@ BASE = [
      {"query": f(B, LQ, D), "key": f(B, LK, D), "value": f(B, LK, D), "params": mha_params(), "num_heads": H,
       "mask": None, "bias": None, "dropout_p": 0.5, "dropout_mask": keep(B, H, LQ, LK)},
      {"mask": (B, H, LQ, LK), "bias": (B, H, LQ, LK)}),
+    ("multi_head_attention",
+     {"query": f(B, LQ, D), "key": f(B, LQ, D), "value": f(B, LQ, D), "params": gqa_params(), "num_heads": HG,
+      "mask": keep(LQ, LQ), "bias": None, "dropout_p": 0.0, "dropout_mask": None, "num_kv_heads": HKV,
+      "rope": "half", "rope_base": 50.0},
+     {"mask": (B, HG, LQ, LQ), "bias": (B, HG, LQ, LQ)}),
     ("init_multi_head_attention", {"rng": Rng(), "d_model": D, "dtype": Dtype("float64")}, {}),
+    ("init_multi_head_attention", {"rng": Rng(), "d_model": D, "dtype": Dtype("float64"), "num_heads": HG,
+                                   "num_kv_heads": HKV}, {}),
     ("init_additive_attention", {"rng": Rng(), "d_query": DQ, "d_key": DKA, "d_attn": A, "dtype": Dtype("float64")}, {}),
     ("linear", {"x": f(B, L, D), "w": f(D, F), "b": None}, {"b": (F,)}),
     ("layer_norm", {"x": f(B, L, D), "params": norm_params(), "eps": 1e-5}, {}),
@@ -224,6 +257,13 @@ BASE = [
                               "dtype": Dtype("float64")}, {}),
     ("self_attention_step", {"x": f(B, 2, D), "params": mha_params(), "num_heads": H, "cache": attention_cache()},
      {}),
+    ("init_attention_cache", {"batch_size": B, "num_heads": HG, "capacity": C, "d_model": D,
+                              "dtype": Dtype("float64"), "num_kv_heads": HKV}, {}),
+    ("self_attention_step", {"x": f(B, 2, D), "params": gqa_params(), "num_heads": HG,
+                             "cache": attention_cache(2, HKV, D // HG), "num_kv_heads": HKV, "rope": "interleaved",
+                             "rope_base": 10000.0}, {}),
+    ("self_attention_incremental", {"x": f(B, L, D), "params": gqa_params(), "num_heads": HG, "chunks": (2, 0, 1),
+                                    "num_kv_heads": HKV, "rope": "half", "rope_base": 10000.0}, {}),
     ("init_decoder_layer_cache", {"memory": f(B, S, D), "params": decoder_layer_params(), "num_heads": H,
                                   "capacity": C}, {}),
     ("decoder_layer_step",
@@ -269,7 +309,7 @@ assert PUBLIC == {n for n in nr.__dict__ if callable(getattr(nr, n)) and not n.s
 
 #: arguments that may be None (None is then a valid value, not a bad one)
 OPTIONAL = {"mask", "bias", "scale", "dropout_mask", "dropout_masks", "b", "Lk", "max_len", "lengths", "tokens",
-            "h0", "src_lengths", "attention_dim", "self_mask", "memory_mask", "tgt_lengths", "ignore_index"}
+            "positions", "alibi_slopes", "h0", "src_lengths", "attention_dim", "self_mask", "memory_mask", "tgt_lengths", "ignore_index"}
 #: arrays that may also come as (nested) lists
 LISTABLE = {"lengths", "tokens", "masks", "mask_to_bias.mask", "src", "tgt_in", "src_lengths"}
 #: the arguments whose rank is free (any leading axes)
@@ -318,6 +358,15 @@ SCALARS = {
     "block_q": (BAD_COUNTS + [0], [1, 2, 128, np.int64(3)]),
     "block_k": (BAD_COUNTS + [0], [1, 3, 64]),
     "causal": (["yes", None, 1, 0.0], [True, False, np.bool_(False)]),
+    "softcap": (["1", True, 0.0, -1.0, float("inf"), float("nan"), [1.0]], [None, 0.5, 30.0, np.float64(2.0)]),
+    "num_kv_heads": ([0, -1, 4, 2.0, "1", True, [1]], [None, 1]),
+    "rope": (["neox", 1, True, ["half"], "", "HALF"], [None, "half", "interleaved"]),
+    "rope_base": (["1e4", True, None, 0.0, -1.0, float("inf"), float("nan"), [1.0]], [10000.0, 500, np.float64(1e6)]),
+    "base": (["1e4", True, None, 0.0, -1.0, float("inf"), float("nan"), [1.0]], [10000.0, 2, np.float32(50.0)]),
+    "convention": (["neox", None, 1, "", ["half"]], ["half", "interleaved"]),
+    "to": (["neox", None, 1, ""], ["half", "interleaved"]),
+    "symmetric": (["yes", None, 1, 0.0], [True, False, np.bool_(True)]),
+    "head_dim": (BAD_COUNTS + [0, 3], [2, 8, np.int64(4)]),
     "window": ([(-1, 2), (1, -3), (1, 2, 3), (1,), 3, "ab", (1.5, None), (None, "0"), (True, 1), {"left": 1}],
                [None, (1, 2), (None, 0), (0, None), [2, None], (np.int64(1), 1)]),
 }
