@@ -9,7 +9,8 @@ failure is one of those, and that every one of those really occurs.
   ``scaled_dot_product_attention`` cases without dropout. A bool mask is its
   ``attn_mask`` as is (``True`` = attend, as here); a bias becomes a float
   ``attn_mask`` (``-inf`` where a mask says no). It returns no weights, so
-  it is judged on the gradients of ``sum(out * cot_out)`` alone.
+  it is judged on the gradients of ``sum(out * cot_out)`` alone. Fewer
+  key/value heads than query heads pass ``enable_gqa=True``.
 - ``torch-mha``: ``nn.MultiheadAttention(batch_first=True)`` with the case's
   parameters (``torch_impl.interop.mha_params_to_torch``, differentiable, so
   the gradients come back in the canonical layout), ``need_weights=True,
@@ -33,10 +34,11 @@ failure is one of those, and that every one of those really occurs.
   ``scaled_dot_product_attention`` cases without dropout, in its
   ``(B, L, H, Dh)`` layout (``(B, H, L, Dh)`` here; a rank-3 ``(B, L, Dk)``
   input is given one head), gradients from ``jax.vjp``. It returns no
-  weights either.
+  weights either. Fewer key/value heads than query heads are its own
+  grouped-query attention (``N`` query heads, ``K`` dividing ``N``).
 
-None of them implements the bad-input contract (``errors = False``) or
-dropout with given keep-masks (dropout cases unsupported). ``python -m
+None of them implements the bad-input contract (``errors = False``),
+dropout with given keep-masks or soft-capping (those cases unsupported). ``python -m
 conformance peers`` runs them all; ``--markdown`` prints README's table.
 """
 from __future__ import annotations
@@ -67,6 +69,16 @@ def _no_dropout(call: Call) -> bool:
     return not call.kwargs.get("dropout_p")
 
 
+def _plain(call: Call) -> bool:
+    """No option the built-ins lack: dropout with the case's keep-mask, soft-capping
+    (neither ``F.scaled_dot_product_attention`` nor ``jax.nn.dot_product_attention``
+    has one), grouped key/value projections or a rotary embedding in
+    ``nn.MultiheadAttention``."""
+    kw = call.kwargs
+    return (_no_dropout(call) and kw.get("softcap") is None and kw.get("num_kv_heads") is None
+            and kw.get("rope") is None)
+
+
 # --------------------------------------------------------------------------
 # PyTorch
 
@@ -85,7 +97,7 @@ class _TorchPeer(TorchBackend):
     conventions: tuple = ()
 
     def supports(self, call: Call) -> bool:
-        return call.function == self.function and _no_dropout(call)
+        return call.function == self.function and _plain(call)
 
     def forward(self, kw: dict) -> dict:
         raise NotImplementedError
@@ -155,7 +167,10 @@ class TorchSdpaPeer(_TorchPeer):
         attn_mask = mask
         if bias is not None:
             attn_mask = bias if mask is None else torch.where(mask, bias, -torch.inf)
-        out = F.scaled_dot_product_attention(kw["q"], kw["k"], kw["v"], attn_mask=attn_mask, scale=kw["scale"])
+        q, k = kw["q"], kw["k"]
+        grouped = q.ndim == 4 and k.shape[1] != q.shape[1]  # grouped-query attention: Hkv < H
+        out = F.scaled_dot_product_attention(q, k, kw["v"], attn_mask=attn_mask, scale=kw["scale"],
+                                             enable_gqa=grouped)
         return {"out": out}
 
 
@@ -349,7 +364,7 @@ class JaxDpaPeer(JaxBackend):
     )
 
     def supports(self, call: Call) -> bool:
-        return call.function == "scaled_dot_product_attention" and _no_dropout(call)
+        return call.function == "scaled_dot_product_attention" and _plain(call)
 
     def prepare(self, calls, dtype: str) -> None:
         """Every call of the batch as ONE jitted program (compiling is most of the time)."""
