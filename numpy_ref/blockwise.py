@@ -202,8 +202,8 @@ class _Scores(NamedTuple):
 
 
 def _group_size(q, k):
-    """``G = H / Hkv`` of grouped-query attention (1 for rank 3)."""
-    return q.shape[1] // k.shape[1] if q.ndim == 4 else 1
+    """``G = H / Hkv`` of grouped-query attention (1 for rank 3, and for no heads)."""
+    return q.shape[1] // k.shape[1] if q.ndim == 4 and k.shape[1] else 1
 
 
 # --------------------------------------------------------------------------
