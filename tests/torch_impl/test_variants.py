@@ -18,6 +18,7 @@ key/value heads, Dh=4, Lq=5, Dv=3, Lk=7 (H is not tests/dims.py's 3,
 which has no proper group size but 1).
 """
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -593,3 +594,73 @@ def test_peer_torch_sdpa_needs_enable_gqa_for_fewer_kv_heads():
     q, k, v = randn(1, B, H, LQ, DH), randn(2, B, 2, LK, DH), randn(3, B, 2, LK, DV)
     with pytest.raises(RuntimeError):
         F.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.fixture
+def flex_attention():
+    """PyTorch's flex_attention, eager (the unfused reference, forward only on
+    the CPU: "FlexAttention does not support backward on CPU")."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    with warnings.catch_warnings():  # "called without torch.compile()": the unfused one, wanted here
+        warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
+        yield flex.flex_attention
+
+
+@pytest.mark.parametrize("hkv", [H, 2, 1])
+def test_peer_flex_attention_score_mod_softcap_and_alibi(flex_attention, hkv):
+    """PyTorch's only soft-capping is a flex_attention ``score_mod``
+    (``cap · tanh(score / cap)``, F.sdpa has none); with ALiBi added in the
+    same score_mod (``- slope[h] · |q_idx + Lk - Lq - kv_idx|``) it equals
+    sdpa(softcap) and blockwise(softcap, alibi_slopes), GQA included."""
+    q, k, v = randn(1, B, H, LQ, DH) * 3.0, randn(2, B, hkv, LK, DH), randn(3, B, hkv, LK, DV)
+    cap, slopes, shift = 0.7, ti.alibi_slopes(H), LK - LQ
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+
+    def softcap_alibi(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap) - slopes[h] * (q_idx + shift - kv_idx).abs()
+
+    gqa = hkv != H
+    out, _ = ti.scaled_dot_product_attention(q, k, v, softcap=cap)
+    close(out, flex_attention(q, k, v, score_mod=softcap, enable_gqa=gqa), "sdpa softcap vs flex_attention")
+    out, _ = ti.blockwise_attention(q, k, v, softcap=cap, alibi_slopes=slopes, align="bottom_right",
+                                    block_q=2, block_k=3)
+    close(out, flex_attention(q, k, v, score_mod=softcap_alibi, enable_gqa=gqa),
+          "blockwise softcap+alibi vs flex_attention")
+
+
+def test_peer_torch_sdpa_reads_a_rank3_batch_as_heads_under_enable_gqa():
+    """F.sdpa(enable_gqa=True) groups the leading axis of rank-3 inputs as
+    heads (q (6, Lq, Dk) with k (2, Lk, Dk) runs); ours has GQA at rank 4
+    only: rank 3 is (B, L, D) with one B, and that call is a ValueError."""
+    q, k, v = randn(1, H, LQ, DH), randn(2, 2, LK, DH), randn(3, 2, LK, DV)
+    assert F.scaled_dot_product_attention(q, k, v, enable_gqa=True).shape == (H, LQ, DV)
+    with pytest.raises(ValueError):
+        ti.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize("fn", ["sdpa", "blockwise"])
+def test_nan_in_unread_keys_reaches_nothing_under_gqa_softcap_alibi(fn):
+    """SPEC 3.4a per query head after the grouping: NaN/inf in padded kv rows
+    change no output and no gradient, and their own gradient is 0."""
+    q, k, v, kw = make_case("gqa-softcap-mask")
+    if fn == "blockwise":
+        kw.update(alibi_slopes=ti.alibi_slopes(H), causal=True)
+    pad = ~kw["mask"].any(-2, keepdim=True).transpose(-1, -2)  # (B, 1, Lk, 1): keys no query reads
+    assert pad.any()
+
+    def run(k, v):
+        q_, k_, v_ = leaves(q, k, v)
+        if fn == "sdpa":
+            out = ti.scaled_dot_product_attention(q_, k_, v_, **kw)[0]
+        else:
+            out = ti.blockwise_attention(q_, k_, v_, block_q=2, block_k=3, **kw)[0]
+        return out, grads([out], (q_, k_, v_), [randn(9, *out.shape)])
+
+    clean, g_clean = run(k, v)
+    poisoned, g_poisoned = run(torch.where(pad, math.nan, k), torch.where(pad, math.inf, v))
+    assert torch.equal(clean, poisoned)
+    for a, b in zip(g_clean, g_poisoned):
+        assert torch.equal(a, b)
+    assert (g_poisoned[1].masked_select(pad.expand_as(g_poisoned[1])) == 0).all()
