@@ -33,8 +33,11 @@ Variants (SPEC 5): soft-capping replaces the raw scores by
 backward multiplies ``dS`` by ``∂s_c/∂s_raw = 1 - (s_c / cap)²`` before
 ``dQ`` and ``dK``; ALiBi adds ``-slope_h · |p_i - j|`` after it, from the
 block's own row and column indices, and ``d slope_h = -Σ dS ∘ |p_i - j|``.
-Grouped-query ``k``, ``v`` (``Hkv`` heads) are repeated to ``H`` heads
-before the recurrence, so autograd sums each group's ``dK``, ``dV``. The structural mask of a
+Grouped-query ``k``, ``v`` (``Hkv`` heads) are kept and saved with their
+``Hkv`` heads; each visited block repeats its ``bk`` rows to the ``H``
+query heads (``repeat_interleave``, query head ``h`` reads kv head
+``h // G``), and the backward sums each block's ``dK``, ``dV`` over the
+``G`` query heads of a group. The structural mask of a
 block comes from ``torch.arange`` of its row and column indices; ``mask`` and
 ``bias`` are sliced per block from their broadcast views (a size-1 axis stays
 size 1), never expanded to ``(Lq, Lk)``.
@@ -108,7 +111,6 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
     block_q, block_k, window = rules.blockwise(q, k, v, mask, bias, scale, block_q, block_k, causal,
                                                window, align, softcap, alibi_slopes)  # SPEC 5
     sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
-    k, v = _repeat_kv(k, q), _repeat_kv(v, q)  # (B, H, Lk, D·); autograd sums the groups
     return _BlockwiseAttention.apply(q, k, v, mask, bias, alibi_slopes, _scale(q, scale), softcap, sched)
 
 
@@ -222,7 +224,8 @@ def _backward(q, k, v, out, lse, d_out, d_lse, scale, scores, want_bias, want_sl
                 dP = dO_b @ v_b.transpose(-1, -2)  # (*batch, bq, bk)
                 dS = P * (dP - D_b)  # (*batch, bq, bk)
                 dS = dS if valid is None else torch.where(valid, dS, 0.0)
-                dv[..., k0:k1, :] += _unread_to_zero(P.transpose(-1, -2) @ dO_b, read)  # (*batch, bk, Dv)
+                dv[..., k0:k1, :] += _group_sum(_unread_to_zero(P.transpose(-1, -2) @ dO_b, read),
+                                                dv)  # (*batch|B, Hkv, bk, Dv)
                 if want_bias:
                     db_b = _block_view(d_bias, q0, q1, k0, k1)  # a view: bias's own (broadcast) shape
                     db_b += _sum_to(dS, db_b.shape)
@@ -231,7 +234,8 @@ def _backward(q, k, v, out, lse, d_out, d_lse, scale, scores, want_bias, want_sl
                     d_slopes += _sum_to(-(dS * dist).sum((-2, -1)), d_slopes.shape)  # (H,) or (B, H)
                 if t is not None:  # s_c = cap · tanh(s_raw / cap): ∂s_c/∂s_raw = 1 - tanh²
                     dS = dS * (1.0 - t * t)  # (*batch, bq, bk)
-                dk[..., k0:k1, :] += _unread_to_zero(dS.transpose(-1, -2) @ q_b, read)  # (*batch, bk, Dk)
+                dk[..., k0:k1, :] += _group_sum(_unread_to_zero(dS.transpose(-1, -2) @ q_b, read),
+                                                dk)  # (*batch|B, Hkv, bk, Dk)
                 dq[..., q0:q1, :] += dS @ k_b  # (*batch, bq, Dk), times scale below
     # dK = scale · dSᵀ q: q was already scaled, dQ still is not
     dq = dq * scale
@@ -254,7 +258,8 @@ def _key_blocks(sched, kb0, kb1):
 def _block(q_b, k, v, scores, q0, q1, k0, k1):
     """One visited block: its keys and values (unread rows zeroed), scores and valid entries.
 
-    Returns ``k_b (*batch, bk, Dk)``, ``v_b (*batch, bk, Dv)``,
+    Returns ``k_b (*batch, bk, Dk)``, ``v_b (*batch, bk, Dv)`` (grouped
+    ``k``, ``v`` repeated to q's ``H`` heads),
     ``s (*batch, bq, bk)``, ``valid`` (bool, broadcast to ``s``), ``read``
     (bool ``(..., bk, 1)``: the keys some row of the block may read; None = all)
     and ``t = tanh(s_raw / cap)`` (None without a softcap), whose
@@ -267,8 +272,9 @@ def _block(q_b, k, v, scores, q0, q1, k0, k1):
     mask, bias, sched = scores.mask, scores.bias, scores.sched
     allowed = _allowed(mask, bias, sched, q0, q1, k0, k1, q_b.device)  # (..., bq, bk) or None
     read = None if allowed is None else allowed.any(-2, keepdim=True).transpose(-1, -2)  # (..., bk, 1)
-    k_b = _unread_to_zero(k[..., k0:k1, :], read)  # (*batch, bk, Dk); SPEC 3.4a
-    v_b = _unread_to_zero(v[..., k0:k1, :], read)  # (*batch, bk, Dv)
+    # query head h reads kv head h // G; then SPEC 3.4a per query head
+    k_b = _unread_to_zero(_repeat_kv(k[..., k0:k1, :], q_b), read)  # (*batch, bk, Dk)
+    v_b = _unread_to_zero(_repeat_kv(v[..., k0:k1, :], q_b), read)  # (*batch, bk, Dv)
     s, t = _scores(q_b, k_b, scores, q0, q1, k0, k1)
     if allowed is None:
         return k_b, v_b, s, None, read, t
@@ -345,6 +351,17 @@ def _sum_to(x, shape):
     x = x.sum(dim=tuple(range(x.ndim - len(shape)))) if x.ndim > len(shape) else x
     axes = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape)) if n == 1 and m != 1)
     return x.sum(dim=axes, keepdim=True) if axes else x
+
+
+def _group_sum(g, like):
+    """The transpose of :func:`~torch_impl.attention._repeat_kv`: ``g (B, H, bk, D·)``
+    summed over the ``G = H / Hkv`` query heads of each group to ``like``'s
+    ``Hkv`` heads, ``(B, Hkv, bk, D·)``; ``g`` itself when the head counts agree."""
+    if g.ndim != 4 or g.shape[1] == like.shape[1]:
+        return g
+    B, H, n, d = g.shape
+    Hkv = like.shape[1]
+    return g.reshape(B, Hkv, H // Hkv, n, d).sum(2)  # (B, Hkv, bk, D·)
 
 
 def _unread_to_zero(x, read):
