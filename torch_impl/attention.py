@@ -32,6 +32,11 @@ Two paths compute ``scaled_dot_product_attention`` / ``multi_head_attention``:
   reproduce the draw, so the call falls back to the math path (still
   returning ``(out, None)``); with ``dropout_p > 0`` and neither, the kernel's
   own dropout draws from torch's global RNG.
+  Soft-capping has no kernel (``F.scaled_dot_product_attention`` has no
+  softcap; only ``flex_attention``'s ``score_mod`` does), so a ``softcap``
+  call takes the math path too. Grouped-query ``k``, ``v`` reach the kernel
+  repeated to ``H`` heads, as on the math path (``enable_gqa`` needs
+  torch >= 2.5, and a per-head mask zeroes unread keys per query head).
 
 A key that no query may attend (its mask column all False, or its bias
 column all ``-inf``) is never read (SPEC 3.4a): its rows of ``k`` and ``v``
