@@ -130,23 +130,33 @@ SDPA_CASES = ["gqa", "mqa", "gqa-mask", "mqa-bias", "softcap", "softcap-bias", "
 
 # ---------------------------------------------------------------------------- GQA / MQA, softcap
 
+@pytest.fixture
+def sdpa_gqa():
+    """``F.scaled_dot_product_attention(..., enable_gqa=True)`` (torch >= 2.5)."""
+    x = torch.zeros(1, 2, 1, 1)
+    try:
+        F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
+    except TypeError:
+        pytest.skip("F.scaled_dot_product_attention has no enable_gqa before torch 2.5")
+    return lambda *a, **kw: F.scaled_dot_product_attention(*a, **kw, enable_gqa=True)
+
+
 @pytest.mark.parametrize("name", ["gqa", "mqa", "gqa-mask"])
-def test_gqa_equals_torch_sdpa_enable_gqa(name):
+def test_gqa_equals_torch_sdpa_enable_gqa(name, sdpa_gqa):
     """Query head h reads kv head h // (H / Hkv), as ``enable_gqa=True``:
     outputs and gradients (dk, dv summed over each group) to 1e-12."""
     q, k, v, kw = sdpa_case(name)
     mask = kw.get("mask")
     q, k, v = leaves(q, k, v)
     out, _ = ti.scaled_dot_product_attention(q, k, v, mask)
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    ref = sdpa_gqa(q, k, v, attn_mask=mask)
     close(out, ref, "sdpa GQA out vs F.sdpa(enable_gqa)")
     c = randn(9, *out.shape)
     for g, r, n in zip(grads([out], (q, k, v), [c]), grads([ref], (q, k, v), [c]), "qkv"):
         close(g, r, f"sdpa GQA d{n} vs F.sdpa(enable_gqa)")
-    for need_weights in (False,):  # the fused path: F.sdpa on the repeated heads
-        fused, w = ti.scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)
-        assert w is None
-        close(fused, ref, "sdpa GQA fused out vs F.sdpa(enable_gqa)")
+    fused, w = ti.scaled_dot_product_attention(q, k, v, mask, need_weights=False)  # F.sdpa, heads repeated
+    assert w is None
+    close(fused, ref, "sdpa GQA fused out vs F.sdpa(enable_gqa)")
 
 
 def test_gqa_equals_attention_on_explicitly_repeated_heads():
@@ -591,12 +601,12 @@ def test_the_cache_holds_kv_heads_and_rotated_keys():
 
 # ---------------------------------------------------------------------------- peers
 
-def test_peer_torch_sdpa_rejects_heads_not_divisible_like_the_rules():
+def test_peer_torch_sdpa_rejects_heads_not_divisible_like_the_rules(sdpa_gqa):
     """F.sdpa(enable_gqa=True) with H % Hkv != 0 raises RuntimeError; ours a
     ValueError naming k (the rules'), the same in every backend."""
     q, k, v = randn(1, B, H, LQ, DH), randn(2, B, 4, LK, DH), randn(3, B, 4, LK, DV)
     with pytest.raises(RuntimeError):
-        F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        sdpa_gqa(q, k, v)
     with pytest.raises(ValueError, match="k: expected shape"):
         ti.scaled_dot_product_attention(q, k, v)
 
@@ -642,12 +652,12 @@ def test_peer_flex_attention_score_mod_softcap_and_alibi(flex_attention, hkv):
           "blockwise softcap+alibi vs flex_attention")
 
 
-def test_peer_torch_sdpa_reads_a_rank3_batch_as_heads_under_enable_gqa():
+def test_peer_torch_sdpa_reads_a_rank3_batch_as_heads_under_enable_gqa(sdpa_gqa):
     """F.sdpa(enable_gqa=True) groups the leading axis of rank-3 inputs as
     heads (q (6, Lq, Dk) with k (2, Lk, Dk) runs); ours has GQA at rank 4
     only: rank 3 is (B, L, D) with one B, and that call is a ValueError."""
     q, k, v = randn(1, H, LQ, DH), randn(2, 2, LK, DH), randn(3, 2, LK, DV)
-    assert F.scaled_dot_product_attention(q, k, v, enable_gqa=True).shape == (H, LQ, DV)
+    assert sdpa_gqa(q, k, v).shape == (H, LQ, DV)
     with pytest.raises(ValueError):
         ti.scaled_dot_product_attention(q, k, v)
 
