@@ -422,11 +422,8 @@ def test_blockwise_variants_equal_dense_and_numpy_ref(name, block):
     q, k, v, kw = blockwise_case(name)
     bias, slopes = kw.pop("bias", None), kw.pop("alibi_slopes", None)
     q, k, v = leaves(q, k, v)
-    extra = [x for x in (bias, slopes) if x is not None]
-    extra = leaves(*extra)
-    bias_l = extra[0] if bias is not None else None
-    slopes_l = extra[-1] if slopes is not None else None
-    inputs = (q, k, v, *extra)
+    bias_l, slopes_l = (None if x is None else leaves(x)[0] for x in (bias, slopes))
+    inputs = tuple(x for x in (q, k, v, bias_l, slopes_l) if x is not None)
     out, lse = ti.blockwise_attention(q, k, v, bias=bias_l, alibi_slopes=slopes_l,
                                       block_q=block[0], block_k=block[1], **kw)
     out_d = dense(q, k, v, bias=bias_l, alibi_slopes=slopes_l, **kw)
@@ -434,9 +431,8 @@ def test_blockwise_variants_equal_dense_and_numpy_ref(name, block):
     assert torch.isfinite(out).all() and not torch.isnan(lse).any()
     c1, c2 = randn(40, *out.shape), randn(41, *lse.shape)
     lse_term = torch.where(torch.isfinite(lse), lse, 0.0)
-    got = grads([out, lse_term], inputs, [c1, c2])
-    # dense: the lse from the same scores, by torch.logsumexp (for the gradient through lse)
-    want_d = grads([out_d], inputs, [c1])
+    got = grads([out, lse_term], inputs, [c1, c2])  # through out and lse: against numpy_ref
+    want_d = grads([out_d], inputs, [c1])  # through out only: against the dense autograd
     names = ["q", "k", "v"] + (["bias"] if bias is not None else []) + (["alibi_slopes"] if slopes is not None else [])
     np_kw = {n: np_(x) for n, x in kw.items()}
     np_args = [np_(x) for x in (q, k, v)]
