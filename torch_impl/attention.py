@@ -32,6 +32,11 @@ Two paths compute ``scaled_dot_product_attention`` / ``multi_head_attention``:
   reproduce the draw, so the call falls back to the math path (still
   returning ``(out, None)``); with ``dropout_p > 0`` and neither, the kernel's
   own dropout draws from torch's global RNG.
+  Soft-capping has no kernel (``F.scaled_dot_product_attention`` has no
+  softcap; only ``flex_attention``'s ``score_mod`` does), so a ``softcap``
+  call takes the math path too. Grouped-query ``k``, ``v`` reach the kernel
+  repeated to ``H`` heads, as on the math path (``enable_gqa`` needs
+  torch >= 2.5, and a per-head mask zeroes unread keys per query head).
 
 A key that no query may attend (its mask column all False, or its bias
 column all ``-inf``) is never read (SPEC 3.4a): its rows of ``k`` and ``v``
@@ -53,6 +58,7 @@ from numpy_ref._contract.checks import ADDITIVE_KEYS, MHA_KEYS
 
 from ._checks import _generator, float_dtype, rules
 from .layers import _CanonicalModule, _dropout, _keep_mask, _tensors, _uniform, _upcast
+from .variants import _rotate
 
 __all__ = [
     "softmax",
@@ -125,20 +131,28 @@ def _cheap_to_branch(x):
 
 def scaled_dot_product_attention(
     q, k, v, mask=None, bias=None, scale=None, dropout_p=0.0, dropout_mask=None, rng=None,
-    need_weights=True,
+    need_weights=True, *, softcap=None,
 ):
     """Scaled dot-product attention (Vaswani et al. 2017, eq. 1).
 
-    ``weights = softmax((q * scale) @ kᵀ + bias, mask)``,
+    ``s = (q * scale) @ kᵀ``, ``s = softcap · tanh(s / softcap)`` when
+    ``softcap`` is given, ``weights = softmax(s + bias, mask)``,
     ``out = dropout(weights) @ v``, ``scale = 1 / sqrt(Dk)`` unless given
     (the spec's ``q @ kᵀ * scale``, with the scale applied to the smaller
     operand, as ``nn.MultiheadAttention`` does; rounding may differ in the
-    last bit).
+    last bit). The cap comes before the bias, so a ``-inf`` bias stays
+    ``-inf`` (Gemma 2's attention-logit soft-capping).
+
+    Grouped-query attention (rank 4 only): ``k`` and ``v`` may have
+    ``Hkv`` heads, ``Hkv`` dividing ``H``; query head ``h`` reads key/value
+    head ``h // (H / Hkv)`` (PyTorch's ``enable_gqa``; ``Hkv = 1`` is
+    multi-query attention). ``k``, ``v`` are repeated to ``H`` heads before
+    the rest, so autograd sums each group's gradients into its kv head.
 
     Args:
       q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
-      k: ``(*batch, Lk, Dk)``.
-      v: ``(*batch, Lk, Dv)``.
+      k: ``(*batch, Lk, Dk)``, or ``(B, Hkv, Lk, Dk)``.
+      v: ``(*batch, Lk, Dv)``, or ``(B, Hkv, Lk, Dv)``.
       mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
       bias: optional float, broadcastable to ``(*batch, Lq, Lk)``, added to
         the scores before masking; ``-inf`` entries count as masked.
@@ -149,17 +163,19 @@ def scaled_dot_product_attention(
       rng: optional ``torch.Generator`` on ``q``'s device (None: global RNG).
       need_weights: True for the math path; False for the fused
         ``F.scaled_dot_product_attention`` path (see the module docstring),
-        which returns ``(out, None)``.
+        which returns ``(out, None)``; with ``softcap`` (which the kernel
+        does not have) it computes on the math path.
+      softcap: None or a positive float, the cap of the scores.
 
     Returns:
       ``(out (*batch, Lq, Dv), weights (*batch, Lq, Lk))``; ``weights`` is
       the softmax *before* dropout; a fully masked row gives 0 in both.
     """
-    rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask)  # SPEC 3.6, and one device
-    return _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weights)
+    rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask, softcap)  # SPEC 3.6, GQA, one device
+    return _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weights, softcap)
 
 
-def _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weights):
+def _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weights, softcap=None):
     """The unchecked body of :func:`scaled_dot_product_attention`.
 
     :func:`multi_head_attention` calls it directly: under autocast its
@@ -167,20 +183,34 @@ def _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weigh
     public function (rightly) refuses.
     """
     scale = _scale(q, scale)
+    k, v = _repeat_kv(k, q), _repeat_kv(v, q)  # (B, H, Lk, D·): query head h reads kv head h // G
     read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
     k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
-    if not need_weights:
+    if not need_weights and softcap is None:
         return _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng), None
     # scores and softmax in float32 for half inputs, even under autocast
     with torch.autocast(q.device.type, enabled=False):
         # scale folded into q: Lq * Dk multiplies instead of Lq * Lk
         scores = (_upcast(q) * scale) @ _upcast(k).transpose(-1, -2)  # (*batch, Lq, Lk)
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)  # (*batch, Lq, Lk), in (-cap, cap)
         if bias is not None:
             scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
         weights = _masked_softmax(scores, mask, -1).to(q.dtype)  # (*batch, Lq, Lk)
     keep = _keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
     dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
-    return dropped @ v, weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
+    out = dropped @ v  # (*batch, Lq, Dv)
+    return (out, weights) if need_weights else (out, None)
+
+
+def _repeat_kv(x, q):
+    """Grouped-query attention: ``x (B, Hkv, Lk, D·)`` repeated to ``q``'s ``H``
+    heads, each kv head ``G = H / Hkv`` times in a row (``repeat_interleave``,
+    PyTorch's ``enable_gqa``), so query head ``h`` reads kv head ``h // G``;
+    ``x`` itself when the head counts agree (or rank 3)."""
+    if x.ndim != 4 or x.shape[1] == q.shape[1]:
+        return x
+    return x.repeat_interleave(q.shape[1] // x.shape[1], dim=1)  # (B, H, Lk, D·)
 
 
 def _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng):
@@ -251,34 +281,45 @@ def _additive_hidden(query, keys, params):
 def multi_head_attention(
     query, key, value, params, num_heads, *, mask=None, bias=None,
     dropout_p=0.0, dropout_mask=None, rng=None, need_weights=True,
+    num_kv_heads=None, rope=None, rope_base=10000.0,
 ):
     """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
 
-    ``head_h = attention(query w_q[:, h], key w_k[:, h], value w_v[:, h])``,
+    ``head_h = attention(query w_q[:, h], key w_k[:, g(h)], value w_v[:, g(h)])``,
     ``out = concat(head_1 .. head_H) @ w_o + b_o`` (with biases ``b_q``,
-    ``b_k``, ``b_v`` on the projections), attention scaled by ``1/sqrt(Dh)``.
+    ``b_k``, ``b_v`` on the projections), attention scaled by ``1/sqrt(Dh)``;
+    ``g(h) = h`` or, with ``Hkv = num_kv_heads`` key/value heads
+    (grouped-query attention), ``g(h) = h // (H / Hkv)``. With ``rope``, the
+    query heads are rotated at positions ``0 .. Lq - 1`` and the key heads at
+    ``0 .. Lk - 1`` (:func:`~torch_impl.variants.rotary_embedding`) before attending.
 
     Args:
       query: ``(B, Lq, D)``.
       key, value: ``(B, Lk, D)`` (``Lq != Lk`` is cross-attention).
-      params: ``{"w_q", "w_k", "w_v", "w_o": (D, D), "b_q", "b_k", "b_v",
-        "b_o": (D,)}``, ``y = x @ w + b``.
+      params: ``{"w_q", "w_o": (D, D), "w_k", "w_v": (D, Hkv·Dh), "b_q",
+        "b_o": (D,), "b_k", "b_v": (Hkv·Dh,)}``, ``y = x @ w + b``, ``Dh = D / H``.
       num_heads: ``H``; must divide ``D``.
       mask, bias: optional, broadcastable to ``(B, H, Lq, Lk)``.
       dropout_p, dropout_mask, rng: dropout on the attention weights;
         ``dropout_mask (B, H, Lq, Lk)``.
       need_weights: False takes the fused path and returns ``(out, None)``.
+      num_kv_heads: ``Hkv``, dividing ``H`` (None = ``H``; 1 = multi-query).
+      rope: None, ``"half"`` or ``"interleaved"``: the RoPE convention.
+      rope_base: RoPE's ``base``.
 
     Returns:
       ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
       A fully masked query row has weights 0 and a zero concat row, so its
       ``out`` row is ``b_o``.
     """
-    rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)  # SPEC 3.8
+    num_kv_heads = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p,
+                             dropout_mask, num_kv_heads, rope, rope_base)  # SPEC 3.8; Hkv
     # SPEC 3.4a: a position no query of any head may attend is never read
     read = _read_positions(_read_keys(mask, bias))  # (B|1, Lk, 1) or None
     key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
-    qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, L, Dh)
+    qh, kh, vh = _project_heads(query, key, value, params, num_heads, num_kv_heads)  # (B, H|Hkv, L, Dh)
+    if rope is not None:  # 2b) rotate at the absolute positions 0 .. L - 1
+        qh, kh = _rotate(qh, None, rope_base, rope), _rotate(kh, None, rope_base, rope)
     # 3) attend (which zeroes the keys a single head does not read)
     heads, weights = _attend(
         qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng, need_weights
@@ -289,13 +330,15 @@ def multi_head_attention(
     return concat @ params["w_o"] + params["b_o"], weights  # (B, Lq, D), (B, H, Lq, Lk)
 
 
-def _project_heads(query, key, value, params, num_heads):
+def _project_heads(query, key, value, params, num_heads, num_kv_heads=None):
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     # 1) project
     q = query @ params["w_q"] + params["b_q"]  # (B, Lq, D)
-    k = key @ params["w_k"] + params["b_k"]  # (B, Lk, D)
-    v = value @ params["w_v"] + params["b_v"]  # (B, Lk, D)
+    k = key @ params["w_k"] + params["b_k"]  # (B, Lk, Hkv·Dh)
+    v = value @ params["w_v"] + params["b_v"]  # (B, Lk, Hkv·Dh)
     # 2) split heads
-    return tuple(_split_heads(x, num_heads) for x in (q, k, v))  # (B, H, L, Dh)
+    return (_split_heads(q, num_heads),  # (B, H, Lq, Dh)
+            _split_heads(k, num_kv_heads), _split_heads(v, num_kv_heads))  # (B, Hkv, Lk, Dh)
 
 
 def _split_heads(x, num_heads):
@@ -313,20 +356,28 @@ def _merge_heads(x):
 # --------------------------------------------------------------------------
 
 
-def init_multi_head_attention(rng, d_model, dtype=None, device=None):
+def init_multi_head_attention(rng, d_model, dtype=None, device=None, *, num_heads=None,
+                              num_kv_heads=None):
     """Parameters for :func:`multi_head_attention`.
 
     Weights ``(D, D)`` Xavier-uniform, ``U(-a, a)`` with
     ``a = sqrt(6 / (D + D))``; biases zero ``(D,)``, as ``nn.MultiheadAttention``.
+    With ``num_kv_heads`` (grouped-query attention; ``num_heads`` then
+    needed), ``w_k``, ``w_v`` are ``(D, Hkv·D/H)`` with
+    ``a = sqrt(6 / (D + Hkv·D/H))`` and ``b_k``, ``b_v`` ``(Hkv·D/H,)``;
+    the draws come in the same order (q, k, v, o), so the ``(D, D)`` case
+    is unchanged.
     ``rng``: a ``torch.Generator`` (CPU), an int seed, or None (global RNG);
     drawn in float64 on the CPU, then cast to ``dtype`` and moved to ``device``.
     """
     rng, dtype = _generator(rng), float_dtype(dtype)
-    (d_model,) = rules.widths(d_model=d_model)  # a positive int
+    d_model, num_heads, num_kv_heads = rules.init_mha(d_model, num_heads, num_kv_heads)  # D; H, Hkv or None
+    d_kv = d_model if num_kv_heads is None else num_kv_heads * (d_model // num_heads)  # Hkv·Dh
     params = {}
     for name in ("q", "k", "v", "o"):
-        params[f"w_{name}"] = _xavier_uniform(rng, d_model, d_model)
-        params[f"b_{name}"] = torch.zeros(d_model, dtype=torch.float64)
+        width = d_kv if name in ("k", "v") else d_model
+        params[f"w_{name}"] = _xavier_uniform(rng, d_model, width)
+        params[f"b_{name}"] = torch.zeros(width, dtype=torch.float64)
     return {k: x.to(dtype=dtype, device=device) for k, x in params.items()}
 
 

@@ -26,7 +26,18 @@ saved ``lse`` instead of storing it::
     dQ += scale · dS k;  dK += scale · dSᵀ q;  d_bias += dS
 
 so nothing of size ``(Lq, Lk)`` is ever kept: the scores, weights and their
-gradients live one ``(bq, bk)`` block at a time. The structural mask of a
+gradients live one ``(bq, bk)`` block at a time.
+
+Variants (SPEC 5): soft-capping replaces the raw scores by
+``s_c = cap · tanh(q_b k_bᵀ · scale / cap)`` before the bias, so the
+backward multiplies ``dS`` by ``∂s_c/∂s_raw = 1 - (s_c / cap)²`` before
+``dQ`` and ``dK``; ALiBi adds ``-slope_h · |p_i - j|`` after it, from the
+block's own row and column indices, and ``d slope_h = -Σ dS ∘ |p_i - j|``.
+Grouped-query ``k``, ``v`` (``Hkv`` heads) are kept and saved with their
+``Hkv`` heads; each visited block repeats its ``bk`` rows to the ``H``
+query heads (``repeat_interleave``, query head ``h`` reads kv head
+``h // G``), and the backward sums each block's ``dK``, ``dV`` over the
+``G`` query heads of a group. The structural mask of a
 block comes from ``torch.arange`` of its row and column indices; ``mask`` and
 ``bias`` are sliced per block from their broadcast views (a size-1 axis stays
 size 1), never expanded to ``(Lq, Lk)``.
@@ -44,6 +55,7 @@ dtype and ``lse`` stays float32 (as FlashAttention).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -51,27 +63,32 @@ from torch.autograd.function import once_differentiable
 from numpy_ref._contract import blocks as _blocks
 
 from ._checks import HALF_DTYPES, rules
-from .attention import _scale
+from .attention import _repeat_kv, _scale
 from .layers import _upcast
+from .variants import _distance
 
 __all__ = ["blockwise_attention", "block_schedule"]
 
 
 def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=128, block_k=128,
-                        causal=False, window=None, align="top_left"):
+                        causal=False, window=None, align="top_left", softcap=None, alibi_slopes=None):
     """Scaled dot-product attention computed block by block, with its log-sum-exp.
 
     Equal to ``scaled_dot_product_attention(q, k, v, mask & structural, bias,
-    scale)[0]`` for every block size, where ``structural`` is the causal /
-    sliding-window mask; ``lse[..., i] = logsumexp_j`` of row ``i``'s valid
-    scores ``q kᵀ · scale + bias``. Differentiable in q, k, v and bias (and
-    through ``lse``) by a custom backward pass whose memory is
-    ``O(Lq · block_k)``, not ``O(Lq · Lk)`` (see the module docstring).
+    scale, softcap=softcap)[0]`` for every block size, where ``structural``
+    is the causal / sliding-window mask; ``lse[..., i] = logsumexp_j`` of row
+    ``i``'s valid scores ``s = q kᵀ · scale`` (``cap · tanh(s / cap)`` with a
+    softcap) ``+ bias`` (``- slope_h · |p_i - j|`` with ALiBi slopes, the
+    dense ``bias + alibi_bias(H, Lq, Lk, align=align, symmetric=True)``).
+    Differentiable in q, k, v, bias and alibi_slopes (and through ``lse``)
+    by a custom backward pass whose memory is ``O(Lq · block_k)``, not
+    ``O(Lq · Lk)`` (see the module docstring).
 
     Args:
       q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
-      k: ``(*batch, Lk, Dk)``.
-      v: ``(*batch, Lk, Dv)``.
+      k: ``(*batch, Lk, Dk)``, or ``(B, Hkv, Lk, Dk)`` with ``Hkv``
+        dividing ``H`` (grouped-query: query head ``h`` reads kv head ``h // (H / Hkv)``).
+      v: ``(*batch, Lk, Dv)``, or ``(B, Hkv, Lk, Dv)``.
       mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
       bias: optional float, broadcastable to ``(*batch, Lq, Lk)``, added to
         the scores; ``-inf`` entries count as masked.
@@ -81,6 +98,9 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
       window: None or ``(left, right)``, each a non-negative int or None (no
         bound): row ``i`` sees keys ``p - left <= j <= p + right``.
       align: ``"top_left"`` (offset 0) or ``"bottom_right"`` (offset ``Lk - Lq``).
+      softcap: None or a positive float, the cap of the scores.
+      alibi_slopes: None or float ``(H,)`` or ``(B, H)`` (q's dtype,
+        FlashAttention's shape), rank-4 ``q`` only.
 
     Returns:
       ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; ``out`` in q's dtype,
@@ -88,10 +108,10 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
       with no valid key has ``out = 0`` and ``lse = -inf``, and passes
       gradient 0 back.
     """
-    block_q, block_k, window = rules.blockwise(q, k, v, mask, bias, scale, block_q, block_k,
-                                               causal, window, align)  # SPEC 5
+    block_q, block_k, window = rules.blockwise(q, k, v, mask, bias, scale, block_q, block_k, causal,
+                                               window, align, softcap, alibi_slopes)  # SPEC 5
     sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
-    return _BlockwiseAttention.apply(q, k, v, mask, bias, _scale(q, scale), sched)
+    return _BlockwiseAttention.apply(q, k, v, mask, bias, alibi_slopes, _scale(q, scale), softcap, sched)
 
 
 def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=None, align="top_left"):
@@ -111,23 +131,26 @@ def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=Non
 
 class _BlockwiseAttention(torch.autograd.Function):
     """The recurrence as an autograd node: the forward keeps ``(q, k, v, mask,
-    bias, out, lse)``, the backward recomputes each block from them."""
+    bias, slopes, out, lse)``, the backward recomputes each block from them."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, bias, scale, sched):
-        out, lse = _forward(q, k, v, mask, bias, scale, sched)
-        ctx.save_for_backward(q, k, v, mask, bias, out, lse)
-        ctx.scale, ctx.sched = scale, sched
+    def forward(ctx, q, k, v, mask, bias, slopes, scale, softcap, sched):
+        scores = _Scores(mask, bias, slopes, softcap, sched)
+        out, lse = _forward(q, k, v, scale, scores)
+        ctx.save_for_backward(q, k, v, mask, bias, slopes, out, lse)
+        ctx.scale, ctx.softcap, ctx.sched = scale, softcap, sched
         return out, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out, d_lse):
-        q, k, v, mask, bias, out, lse = ctx.saved_tensors
-        want_bias = bias is not None and ctx.needs_input_grad[4]
-        dq, dk, dv, d_bias = _backward(q, k, v, mask, bias, out, lse, d_out, d_lse,
-                                       ctx.scale, ctx.sched, want_bias)
-        return dq, dk, dv, None, d_bias, None, None
+        q, k, v, mask, bias, slopes, out, lse = ctx.saved_tensors
+        scores = _Scores(mask, bias, slopes, ctx.softcap, ctx.sched)
+        want = (bias is not None and ctx.needs_input_grad[4],
+                slopes is not None and ctx.needs_input_grad[5])
+        dq, dk, dv, d_bias, d_slopes = _backward(q, k, v, out, lse, d_out, d_lse, ctx.scale,
+                                                 scores, *want)
+        return dq, dk, dv, None, d_bias, d_slopes, None, None, None
 
 
 # --------------------------------------------------------------------------
@@ -135,8 +158,21 @@ class _BlockwiseAttention(torch.autograd.Function):
 # --------------------------------------------------------------------------
 
 
-def _forward(q, k, v, mask, bias, scale, sched):
-    """The online-softmax recurrence over ``sched``: ``(out, lse)``."""
+class _Scores(NamedTuple):
+    """What a block's scores need besides q and k:
+    ``s = cap · tanh(q_b k_bᵀ · scale / cap) + bias_b - slope · |p_i - j|``
+    and ``valid = mask_b & structural_b & (s != -inf)``."""
+
+    mask: torch.Tensor | None
+    bias: torch.Tensor | None
+    slopes: torch.Tensor | None  # (H,) or (B, H)
+    softcap: float | None
+    sched: _blocks.BlockSchedule
+
+
+def _forward(q, k, v, scale, scores):
+    """The online-softmax recurrence over ``scores.sched``: ``(out, lse)``."""
+    sched = scores.sched
     with torch.autocast(q.device.type, enabled=False):
         qs, k32, v32 = _upcast(q) * scale, _upcast(k), _upcast(v)  # scale folded into q
         out = k32.new_zeros((*q.shape[:-1], v.shape[-1]))  # (*batch, Lq, Dv)
@@ -147,7 +183,7 @@ def _forward(q, k, v, mask, bias, scale, sched):
             l = torch.zeros_like(m)  # (*batch, bq, 1) running sum
             acc = q_b.new_zeros((*q_b.shape[:-1], v.shape[-1]))  # (*batch, bq, Dv)
             for k0, k1 in _key_blocks(sched, kb0, kb1):
-                k_b, v_b, s, valid, _ = _block(q_b, k32, v32, mask, bias, sched, q0, q1, k0, k1)
+                k_b, v_b, s, valid, _, _ = _block(q_b, k32, v32, scores, q0, q1, k0, k1)
                 # valid None: nothing restricts the block, and a -inf score gives exp = 0 by itself
                 m_new = torch.maximum(m, (s if valid is None else torch.where(valid, s, -math.inf))
                                       .amax(-1, keepdim=True))
@@ -165,8 +201,9 @@ def _forward(q, k, v, mask, bias, scale, sched):
     return out.to(q.dtype), lse.to(_lse_dtype(q))
 
 
-def _backward(q, k, v, mask, bias, out, lse, d_out, d_lse, scale, sched, want_bias):
-    """FlashAttention-2's backward from ``(out, lse)``: ``(dq, dk, dv, d_bias)``."""
+def _backward(q, k, v, out, lse, d_out, d_lse, scale, scores, want_bias, want_slopes):
+    """FlashAttention-2's backward from ``(out, lse)``: ``(dq, dk, dv, d_bias, d_slopes)``."""
+    sched, bias, slopes = scores.sched, scores.bias, scores.slopes
     with torch.autocast(q.device.type, enabled=False):
         qs, k32, v32 = _upcast(q) * scale, _upcast(k), _upcast(v)
         d_out = torch.zeros_like(out) if d_out is None else d_out
@@ -177,25 +214,34 @@ def _backward(q, k, v, mask, bias, out, lse, d_out, d_lse, scale, sched, want_bi
         lse_safe = torch.where(lse == -math.inf, 0.0, _upcast(lse))[..., None]  # (*batch, Lq, 1)
         dq, dk, dv = torch.zeros_like(qs), torch.zeros_like(k32), torch.zeros_like(v32)
         d_bias = torch.zeros_like(_upcast(bias)) if want_bias else None
+        d_slopes = torch.zeros_like(_upcast(slopes)) if want_slopes else None  # (H,) or (B, H)
         for q0, q1, kb0, kb1 in sched.rows:
             q_b, dO_b, D_b = qs[..., q0:q1, :], dO[..., q0:q1, :], D[..., q0:q1, :]
             for k0, k1 in _key_blocks(sched, kb0, kb1):
-                k_b, v_b, s, valid, read = _block(q_b, k32, v32, mask, bias, sched, q0, q1, k0, k1)
+                k_b, v_b, s, valid, read, t = _block(q_b, k32, v32, scores, q0, q1, k0, k1)
                 P = torch.exp(s - lse_safe[..., q0:q1, :])  # (*batch, bq, bk)
                 P = P if valid is None else torch.where(valid, P, 0.0)
                 dP = dO_b @ v_b.transpose(-1, -2)  # (*batch, bq, bk)
                 dS = P * (dP - D_b)  # (*batch, bq, bk)
                 dS = dS if valid is None else torch.where(valid, dS, 0.0)
-                dv[..., k0:k1, :] += _unread_to_zero(P.transpose(-1, -2) @ dO_b, read)  # (*batch, bk, Dv)
-                dk[..., k0:k1, :] += _unread_to_zero(dS.transpose(-1, -2) @ q_b, read)  # (*batch, bk, Dk)
-                dq[..., q0:q1, :] += dS @ k_b  # (*batch, bq, Dk), times scale below
+                dv[..., k0:k1, :] += _group_sum(_unread_to_zero(P.transpose(-1, -2) @ dO_b, read),
+                                                dv)  # (*batch|B, Hkv, bk, Dv)
                 if want_bias:
                     db_b = _block_view(d_bias, q0, q1, k0, k1)  # a view: bias's own (broadcast) shape
                     db_b += _sum_to(dS, db_b.shape)
+                if want_slopes:  # s += -slope_h · |p_i - j|
+                    dist = _alibi_distance(sched, q0, q1, k0, k1, dS.dtype, dS.device)  # (bq, bk)
+                    d_slopes += _sum_to(-(dS * dist).sum((-2, -1)), d_slopes.shape)  # (H,) or (B, H)
+                if t is not None:  # s_c = cap · tanh(s_raw / cap): ∂s_c/∂s_raw = 1 - tanh²
+                    dS = dS * (1.0 - t * t)  # (*batch, bq, bk)
+                dk[..., k0:k1, :] += _group_sum(_unread_to_zero(dS.transpose(-1, -2) @ q_b, read),
+                                                dk)  # (*batch|B, Hkv, bk, Dk)
+                dq[..., q0:q1, :] += dS @ k_b  # (*batch, bq, Dk), times scale below
     # dK = scale · dSᵀ q: q was already scaled, dQ still is not
     dq = dq * scale
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-            None if d_bias is None else d_bias.to(bias.dtype))
+            None if d_bias is None else d_bias.to(bias.dtype),
+            None if d_slopes is None else d_slopes.to(slopes.dtype))
 
 
 # --------------------------------------------------------------------------
@@ -209,31 +255,51 @@ def _key_blocks(sched, kb0, kb1):
         yield kb * sched.block_k, min((kb + 1) * sched.block_k, sched.Lk)
 
 
-def _block(q_b, k, v, mask, bias, sched, q0, q1, k0, k1):
+def _block(q_b, k, v, scores, q0, q1, k0, k1):
     """One visited block: its keys and values (unread rows zeroed), scores and valid entries.
 
-    Returns ``k_b (*batch, bk, Dk)``, ``v_b (*batch, bk, Dv)``,
-    ``s (*batch, bq, bk)``, ``valid`` (bool, broadcast to ``s``) and ``read``
-    (bool ``(..., bk, 1)``: the keys some row of the block may read; None = all).
+    Returns ``k_b (*batch, bk, Dk)``, ``v_b (*batch, bk, Dv)`` (grouped
+    ``k``, ``v`` repeated to q's ``H`` heads),
+    ``s (*batch, bq, bk)``, ``valid`` (bool, broadcast to ``s``), ``read``
+    (bool ``(..., bk, 1)``: the keys some row of the block may read; None = all)
+    and ``t = tanh(s_raw / cap)`` (None without a softcap), whose
+    ``1 - t²`` the backward needs.
     ``valid`` is None when nothing restricts the block (no mask, no bias, and
     no causal/window bound cuts it): then every score is valid but ``-inf``
     ones, whose ``exp`` is 0 without a selection, and the caller skips the
     selections (a third of the elementwise passes of an interior block).
     """
+    mask, bias, sched = scores.mask, scores.bias, scores.sched
     allowed = _allowed(mask, bias, sched, q0, q1, k0, k1, q_b.device)  # (..., bq, bk) or None
     read = None if allowed is None else allowed.any(-2, keepdim=True).transpose(-1, -2)  # (..., bk, 1)
-    k_b = _unread_to_zero(k[..., k0:k1, :], read)  # (*batch, bk, Dk); SPEC 3.4a
-    v_b = _unread_to_zero(v[..., k0:k1, :], read)  # (*batch, bk, Dv)
-    s = _scores(q_b, k_b, None if bias is None else _upcast(_block_view(bias, q0, q1, k0, k1)))
+    # query head h reads kv head h // G; then SPEC 3.4a per query head
+    k_b = _unread_to_zero(_repeat_kv(k[..., k0:k1, :], q_b), read)  # (*batch, bk, Dk)
+    v_b = _unread_to_zero(_repeat_kv(v[..., k0:k1, :], q_b), read)  # (*batch, bk, Dv)
+    s, t = _scores(q_b, k_b, scores, q0, q1, k0, k1)
     if allowed is None:
-        return k_b, v_b, s, None, read
-    return k_b, v_b, s, (s != -math.inf) & allowed, read
+        return k_b, v_b, s, None, read, t
+    return k_b, v_b, s, (s != -math.inf) & allowed, read, t
 
 
-def _scores(q_b, k_b, bias_b):
-    """``q_b k_bᵀ (+ bias_b)``, q already scaled: ``(*batch, bq, bk)``."""
+def _scores(q_b, k_b, scores, q0, q1, k0, k1):
+    """``s = cap · tanh(q_b k_bᵀ / cap) + bias_b - slope · |p_i - j|`` (q already
+    scaled; each term when given): ``(s (*batch, bq, bk), tanh(q_b k_bᵀ / cap) or None)``."""
     s = q_b @ k_b.transpose(-1, -2)  # (*batch, bq, bk)
-    return s if bias_b is None else s + bias_b
+    t = None
+    if scores.softcap is not None:
+        t = torch.tanh(s / scores.softcap)  # (*batch, bq, bk)
+        s = scores.softcap * t  # in (-cap, cap)
+    if scores.bias is not None:
+        s = s + _upcast(_block_view(scores.bias, q0, q1, k0, k1))  # (*batch, bq, bk)
+    if scores.slopes is not None:
+        dist = _alibi_distance(scores.sched, q0, q1, k0, k1, s.dtype, s.device)  # (bq, bk)
+        s = s - _upcast(scores.slopes)[..., None, None] * dist  # (B, H, bq, bk)
+    return s, t
+
+
+def _alibi_distance(sched, q0, q1, k0, k1, dtype, device):
+    """``|p_i - j|`` of one block from its row and column indices, ``p_i = i + offset``: ``(bq, bk)``."""
+    return _distance(q0, q1, k0, k1, sched.offset, dtype, device).abs()
 
 
 def _allowed(mask, bias, sched, q0, q1, k0, k1, device):
@@ -285,6 +351,17 @@ def _sum_to(x, shape):
     x = x.sum(dim=tuple(range(x.ndim - len(shape)))) if x.ndim > len(shape) else x
     axes = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape)) if n == 1 and m != 1)
     return x.sum(dim=axes, keepdim=True) if axes else x
+
+
+def _group_sum(g, like):
+    """The transpose of :func:`~torch_impl.attention._repeat_kv`: ``g (B, H, bk, D·)``
+    summed over the ``G = H / Hkv`` query heads of each group to ``like``'s
+    ``Hkv`` heads, ``(B, Hkv, bk, D·)``; ``g`` itself when the head counts agree."""
+    if g.ndim != 4 or g.shape[1] == like.shape[1]:
+        return g
+    B, H, n, d = g.shape
+    Hkv = like.shape[1]
+    return g.reshape(B, Hkv, H // Hkv, n, d).sum(2)  # (B, Hkv, bk, D·)
 
 
 def _unread_to_zero(x, read):

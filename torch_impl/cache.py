@@ -34,10 +34,20 @@ NaN-padded memory and differentiates through it should do the same.
 
 THE LAW: ``decoder_incremental(x, memory, ..., chunks=c)`` equals
 ``decoder(x, memory, ..., self_mask=causal_mask(L))`` for any split ``c``
-of ``L`` (float64 to 1e-12).
+of ``L`` (float64 to 1e-12); and ``self_attention_incremental(x, ...,
+chunks=c, num_kv_heads=Hkv, rope=r)`` equals ``multi_head_attention(x, x,
+x, ..., mask=causal_mask(L), num_kv_heads=Hkv, rope=r)[0]``.
 
-Shape letters: ``B`` batch, ``H`` heads, ``C`` capacity, ``T`` new tokens
-of one step, ``S`` source (memory) length, ``D`` model width, ``Dh = D / H``.
+Grouped-query attention: the cache holds ``Hkv`` key/value heads (``(B,
+Hkv, C, Dh)``, ``H / Hkv`` times smaller), and query head ``h`` reads
+cached head ``h // (H / Hkv)``. RoPE: a step rotates its queries and keys
+at their absolute positions ``length + t`` before the keys are written, so
+the cache holds rotated keys (as Hugging Face's caches) and no cached key is
+ever rotated again.
+
+Shape letters: ``B`` batch, ``H`` heads, ``Hkv`` key/value heads, ``C``
+capacity, ``T`` new tokens of one step, ``S`` source (memory) length, ``D``
+model width, ``Dh = D / H``.
 """
 from __future__ import annotations
 
@@ -47,10 +57,12 @@ from ._checks import float_dtype, rules
 from .attention import (_attend, _merge_heads, _project_heads, _read_keys, _read_positions,
                         _split_heads, _unread_to_zero)
 from .layers import feed_forward, layer_norm
+from .variants import _rotate
 
 __all__ = [
     "init_attention_cache",
     "self_attention_step",
+    "self_attention_incremental",
     "init_decoder_layer_cache",
     "decoder_layer_step",
     "init_decoder_cache",
@@ -59,7 +71,8 @@ __all__ = [
 ]
 
 
-def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=None, device=None):
+def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=None, device=None, *,
+                         num_kv_heads=None):
     """An empty self-attention cache.
 
     Args:
@@ -69,35 +82,80 @@ def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=None, d
       d_model: ``D``.
       dtype: of ``k`` and ``v``; ``torch.get_default_dtype()`` if None.
       device: where to build it (torch only).
+      num_kv_heads: ``Hkv`` (grouped-query attention), dividing ``H``; None = ``H``.
 
     Returns:
-      ``{"k": zeros (B, H, C, Dh), "v": zeros (B, H, C, Dh), "length": int64 0}``.
+      ``{"k": zeros (B, Hkv, C, Dh), "v": zeros (B, Hkv, C, Dh), "length": int64 0}``.
     """
     batch_size, num_heads, capacity, d_model = rules.init_attention_cache(  # counts; H divides D
         batch_size, num_heads, capacity, d_model)
-    return _empty_cache(batch_size, num_heads, capacity, d_model, float_dtype(dtype), device)
+    num_kv_heads = rules.kv_heads(num_kv_heads, num_heads)  # Hkv divides H; None -> H
+    return _empty_cache(batch_size, num_kv_heads, capacity, d_model // num_heads,
+                        float_dtype(dtype), device)
 
 
-def self_attention_step(x, params, num_heads, cache):
+def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=None,
+                        rope_base=10000.0):
     """Causal self-attention of ``T`` new tokens over the cache and themselves.
 
-    ``q, k, v = x @ w_{q,k,v} + b_{q,k,v}`` split into heads; ``k``, ``v``
-    written to slots ``[length, length + T)`` of a new cache; the query at
-    absolute position ``p = length + t`` attends the slots ``j <= p``;
-    ``out = concat(heads) @ w_o + b_o``.
+    ``q, k, v = x @ w_{q,k,v} + b_{q,k,v}`` split into heads (``H`` query
+    heads, ``Hkv`` key/value heads); with ``rope``, ``q`` and ``k`` rotated
+    at their absolute positions ``p = length + t``; ``k``, ``v`` written to
+    slots ``[length, length + T)`` of a new cache; the query at position
+    ``p`` of head ``h`` attends the slots ``j <= p`` of kv head
+    ``h // (H / Hkv)``; ``out = concat(heads) @ w_o + b_o``.
 
     Args:
       x: ``(B, T, D)``, the new tokens (``T >= 0``).
-      params: multi-head attention params (``w_q, b_q, ..., w_o, b_o``).
+      params: multi-head attention params (``w_q, b_q, ..., w_o, b_o``;
+        ``w_k``, ``w_v`` ``(D, Hkv·Dh)``).
       num_heads: ``H``.
-      cache: ``{"k", "v": (B, H, C, Dh), "length"}`` with ``length + T <= C``;
+      cache: ``{"k", "v": (B, Hkv, C, Dh), "length"}`` with ``length + T <= C``;
         not modified.
+      num_kv_heads: ``Hkv``, dividing ``H`` (None = ``H``).
+      rope: None, ``"half"`` or ``"interleaved"``: the RoPE convention.
+      rope_base: RoPE's ``base``.
 
     Returns:
       ``(out (B, T, D), new_cache)`` with ``new_cache["length"] = length + T``.
     """
-    rules.self_attention_step(x, params, num_heads, cache)  # shapes, dtypes, room for T tokens
-    return _self_attention_step(x, params, num_heads, cache)
+    num_kv_heads = rules.self_attention_step(x, params, num_heads, cache, num_kv_heads, rope,
+                                             rope_base)  # shapes, dtypes, room for T tokens; Hkv
+    return _self_attention_step(x, params, num_heads, cache, num_kv_heads, rope, rope_base)
+
+
+def self_attention_incremental(x, params, num_heads, *, chunks, num_kv_heads=None, rope=None,
+                               rope_base=10000.0):
+    """Causal self-attention run chunk by chunk through the cache.
+
+    ``cache = init_attention_cache(B, H, L, D, num_kv_heads=Hkv)``, then
+    :func:`self_attention_step` over consecutive chunks of ``x``, the
+    outputs concatenated. By THE LAW it equals
+    ``multi_head_attention(x, x, x, params, H, mask=causal_mask(L),
+    num_kv_heads=Hkv, rope=rope, rope_base=rope_base)[0]``, gradients
+    included (autograd flows through the out-of-place cache writes).
+
+    Args:
+      x: ``(B, L, D)``.
+      params: multi-head attention params.
+      num_heads: ``H``.
+      chunks: ints ``>= 0`` summing to ``L``, e.g. ``(0, 3, 1, 1)``.
+      num_kv_heads, rope, rope_base: as :func:`self_attention_step`.
+
+    Returns:
+      ``(B, L, D)``.
+    """
+    chunks, num_kv_heads = rules.self_attention_incremental(  # mha's checks; chunks summing to L; Hkv
+        x, params, num_heads, chunks, num_kv_heads, rope, rope_base)
+    B, L, D = x.shape
+    cache = _empty_cache(B, num_kv_heads, L, D // num_heads, x.dtype, x.device)
+    outs, start = [], 0
+    for T in chunks:
+        out, cache = _self_attention_step(x[:, start:start + T], params, num_heads, cache,
+                                          num_kv_heads, rope, rope_base)
+        outs.append(out)
+        start += T
+    return torch.cat(outs, dim=1) if outs else x[:, :0].clone()  # (B, L, D)
 
 
 def init_decoder_layer_cache(memory, params, num_heads, capacity):
@@ -224,8 +282,8 @@ def decoder_incremental(x, memory, params, num_heads, *, chunks, memory_mask=Non
 # the unchecked bodies
 
 
-def _empty_cache(B, H, C, D, dtype, device):
-    zeros = torch.zeros((B, H, C, D // H), dtype=dtype, device=device)
+def _empty_cache(B, Hkv, C, Dh, dtype, device):
+    zeros = torch.zeros((B, Hkv, C, Dh), dtype=dtype, device=device)
     return {"k": zeros, "v": zeros.clone(),
             "length": torch.zeros((), dtype=torch.int64, device=device)}
 
@@ -234,16 +292,19 @@ def _write(buffer, new, start):
     """``buffer`` with slots ``[start, start + T)`` replaced by ``new``, out of
     place: autograd reaches both ``buffer`` and ``new``; ``buffer`` is untouched."""
     T = new.shape[2]
-    return torch.cat([buffer[:, :, :start], new, buffer[:, :, start + T:]], dim=2)  # (B, H, C, Dh)
+    return torch.cat([buffer[:, :, :start], new, buffer[:, :, start + T:]], dim=2)  # (B, Hkv, C, Dh)
 
 
-def _self_attention_step(x, params, num_heads, cache):
+def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=None,
+                         rope_base=10000.0):
     n, T, C = int(cache["length"]), x.shape[1], cache["k"].shape[2]
-    q, k, v = _project_heads(x, x, x, params, num_heads)  # (B, H, T, Dh) each
-    keys, values = _write(cache["k"], k, n), _write(cache["v"], v, n)  # (B, H, C, Dh)
+    q, k, v = _project_heads(x, x, x, params, num_heads, num_kv_heads)  # (B, H|Hkv, T, Dh)
+    positions = n + torch.arange(T, device=x.device)  # (T,): the absolute positions of the new tokens
+    if rope is not None:  # rotated once, before the keys are cached
+        q, k = _rotate(q, positions, rope_base, rope), _rotate(k, positions, rope_base, rope)
+    keys, values = _write(cache["k"], k, n), _write(cache["v"], v, n)  # (B, Hkv, C, Dh)
     # query t sits at position n + t and sees slots j <= n + t (never the empty ones beyond)
-    positions = n + torch.arange(T, device=x.device)[:, None]  # (T, 1)
-    mask = torch.arange(C, device=x.device)[None, :] <= positions  # (T, C)
+    mask = torch.arange(C, device=x.device)[None, :] <= positions[:, None]  # (T, C)
     heads, _ = _attend(q, keys, values, mask, None, None, 0.0, None, None, True)  # (B, H, T, Dh)
     out = _merge_heads(heads) @ params["w_o"] + params["b_o"]  # (B, T, D)
     return out, {"k": keys, "v": values, "length": cache["length"] + T}
@@ -262,7 +323,8 @@ def _layer_cache(memory, params, num_heads, capacity):
     cross = params["cross_attn"]
     k = _split_heads(memory @ cross["w_k"] + cross["b_k"], num_heads)  # (B, H, S, Dh)
     v = _split_heads(memory @ cross["w_v"] + cross["b_v"], num_heads)  # (B, H, S, Dh)
-    return {"self_attn": _empty_cache(B, num_heads, capacity, D, memory.dtype, memory.device),
+    return {"self_attn": _empty_cache(B, num_heads, capacity, D // num_heads, memory.dtype,
+                                      memory.device),
             "cross_attn": {"k": k, "v": v}}
 
 
