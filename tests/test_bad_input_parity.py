@@ -313,7 +313,9 @@ OPTIONAL = {"mask", "bias", "scale", "dropout_mask", "dropout_masks", "b", "Lk",
 #: arrays that may also come as (nested) lists
 LISTABLE = {"lengths", "tokens", "masks", "mask_to_bias.mask", "src", "tgt_in", "src_lengths"}
 #: the arguments whose rank is free (any leading axes)
-ANY_RANK = {"softmax.x", "dropout.x", "dropout.mask", "linear.x", "layer_norm.x", "feed_forward.x"}
+ANY_RANK = {"softmax.x", "dropout.x", "dropout.mask", "linear.x", "layer_norm.x", "feed_forward.x",
+            # two admissible ranks each: (B, L, Dh) | (B, H, L, Dh); (L,) | (B, L); (H,) | (B, H)
+            "rotary_embedding.x", "rotary_embedding.positions", "blockwise_attention.alibi_slopes"}
 
 BAD_NUMBERS = ["0.25", True, None, [0.1], float("nan"), float("inf"), -0.5, 1.0, 7]
 BAD_COUNTS = [-1, 2.0, 2.5, "3", True, None, float("nan"), [3]]
@@ -324,6 +326,9 @@ SCALARS = {
     "scale": (["0.5", True, float("inf"), float("nan"), [0.5], np.array([0.5])], [None, 0.5, -2.0, np.float64(3.0)]),
     "axis": ([None, 1.5, "0", True, [0], 3, -4, 7], [0, 1, -2, np.int64(2)]),
     "num_heads": ([0, -2, 4, 5, 2.0, "2", True, None, [2]], [1, np.int64(3), 6]),
+    # ALiBi's head count divides nothing: any positive int
+    "alibi_slopes.num_heads": ([0, -2, 2.0, "2", True, None, [2]], [1, 5, np.int64(12)]),
+    "alibi_bias.num_heads": ([0, -2, 2.0, "2", True, None, [2]], [1, 5, np.int64(12)]),
     "activation": (["tanh", "RELU", None, 1, ["relu"], ""], ["relu", "gelu"]),
     "norm_first": (["yes", None, 1, 0.0], [True, False, np.bool_(True)]),
     "final_norm": ([], [True, False]),
@@ -475,7 +480,7 @@ def bad_calls(draw):
             path = path + (key,)
             invalid = not (top == "dropout_masks" and not in_params and not dropout_on) and not (
                 top == "params" and key == "norm" and len(path) == 2)
-            if top == "dropout_masks" and dropout_on and function == "encoder_layer":
+            if top == "dropout_masks" and dropout_on and function in ("encoder_layer", "decoder_layer"):
                 return draw(bad_calls())  # a missing site is drawn (numpy, torch) or an rng error (JAX)
         elif family == "extra-key":
             new = {**value, draw(st.sampled_from(["w_x", "gamma ", "extra"])): f(3)}
@@ -496,7 +501,7 @@ def bad_calls(draw):
             new = draw(st.sampled_from([{"0": value[0]} if value else {}, "layers", None, 3]))
             invalid = not (new is None and top in OPTIONAL)
     elif name in SCALARS or value is None and top in SCALARS:
-        bad, good = SCALARS[top]
+        bad, good = SCALARS.get(role, SCALARS[top])
         family = "scalar"
         if bad and draw(st.booleans()):
             new, invalid = draw(st.sampled_from(bad)), True
@@ -512,7 +517,7 @@ def bad_calls(draw):
         if top == "window" and new is None and function == "sliding_window_mask":
             invalid = True  # a window mask needs its window; blockwise_attention's None is "no window"
         if top == "num_heads" and isinstance(new, int) and not isinstance(new, bool) and new > 0:
-            invalid = D % new != 0
+            invalid = D % new != 0 and role not in SCALARS  # ALiBi's head count divides nothing
     elif value is None:  # an optional array not given: give one, maybe of a bad shape or dtype
         target = targets.get(top)
         if target is None:

@@ -298,7 +298,7 @@ class Rules(ArrayRules):
                              f"got {shape_str(positions.shape)}")
         self.same_device(positions, "positions", ref, ref_name)
         if self.is_concrete(positions) and int(np.prod(positions.shape)) > 0:
-            low = int(positions.min().tolist())
+            low = int(np.asarray(positions.tolist()).min())  # on the host: a jit closing over them stages nothing
             if low < 0:
                 raise ValueError(f"positions: expected non-negative positions, got a minimum of {low}")
 
