@@ -130,7 +130,7 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
     block_q, block_k, window = rules.blockwise(q, k, v, mask, bias, scale, block_q, block_k,
                                                causal, window, align, softcap, alibi_slopes)  # SPEC 5
     if q.ndim == 4:  # grouped-query: Hkv heads -> H, G = H / Hkv
-        G = q.shape[1] // k.shape[1]
+        G = q.shape[1] // k.shape[1] if k.shape[1] else 1  # H = Hkv = 0: no heads to repeat
         k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (B, H, Lk, Dk|Dv)
     *batch, Lq, _ = q.shape
     Lk, Dv = k.shape[-2], v.shape[-1]
