@@ -360,3 +360,52 @@ def test_self_attention_incremental_gradient_equals_numpy_ref(rng):
     np.testing.assert_allclose(out, nr.self_attention_incremental(**kwargs), **TOL)
     want = flatten(nr.self_attention_incremental_backward(d_out, **kwargs))
     _assert_grads(grads, want, list(grads))
+
+
+# --------------------------------------------------------------------------
+# NaN-free: unread grouped keys, and the contract's errors under jit
+
+
+def test_nan_in_grouped_keys_no_query_reads_reaches_no_output_and_no_gradient(rng):
+    q = jnp.asarray(_n(rng, B, HQ, LQ, DH))
+    k, v = (_n(rng, B, 2, LK, d) for d in (DH, DV))
+    mask = np.ones((B, 1, 1, LK), bool)
+    mask[..., LK - 2:] = False  # padding: the last two keys, NaN and inf there
+    k[..., LK - 2:, :], v[..., LK - 2:, :] = np.nan, np.inf
+    k, v, mask = jnp.asarray(k), jnp.asarray(v), jnp.asarray(mask)
+    slopes = jnp.asarray(rng.random(HQ))
+
+    @jax.jit
+    def both(q, k, v, slopes):
+        dense = lambda q, k, v: jnp.sum(ji.scaled_dot_product_attention(q, k, v, mask, softcap=1.5)[0])
+        block = lambda q, k, v, s: jnp.sum(ji.blockwise_attention(
+            q, k, v, mask, block_q=2, block_k=3, causal=True, softcap=1.5, alibi_slopes=s)[0])
+        return (jax.value_and_grad(dense, argnums=(0, 1, 2))(q, k, v),
+                jax.value_and_grad(block, argnums=(0, 1, 2, 3))(q, k, v, slopes))
+
+    for value, grads in both(q, k, v, slopes):
+        assert np.isfinite(value)
+        for g in grads:
+            assert np.isfinite(np.asarray(g)).all()
+
+
+BAD = {  # id -> (function, keyword arguments that break the contract)
+    "softcap 0": ("scaled_dot_product_attention", {"softcap": 0.0}),
+    "kv heads not dividing": ("scaled_dot_product_attention", {"k": (B, 4, LK, DH)}),
+    "slopes of rank-3 q": ("blockwise_attention", {"q": (B, LQ, DH), "k": (B, LK, DH), "v": (B, LK, DV),
+                                                   "alibi_slopes": (HQ,)}),
+}
+
+
+@pytest.mark.parametrize("name, change", BAD.values(), ids=list(BAD))
+def test_bad_input_raises_the_numpy_ref_exception_eager_and_under_jit(name, change):
+    rng = np.random.default_rng(0)
+    kwargs = {"q": (B, HQ, LQ, DH), "k": (B, 2, LK, DH), "v": (B, 2, LK, DV), **change}
+    kwargs = {n: _n(rng, *x) if isinstance(x, tuple) else x for n, x in kwargs.items()}
+    with pytest.raises((ValueError, TypeError)) as want:
+        getattr(nr, name)(**kwargs)
+    static = [n for n in kwargs if not isinstance(kwargs[n], np.ndarray)]
+    for fn in (getattr(ji, name), jax.jit(getattr(ji, name), static_argnames=static)):
+        with pytest.raises(want.type) as got:
+            fn(**to_jax(kwargs))
+        assert str(got.value) == str(want.value)  # the same message, eager and at trace time
