@@ -42,7 +42,7 @@ import jax.numpy as jnp
 
 from ._checks import _key, float_dtype, rules
 from .layers import _add_broadcast, _dropout, _keep_mask, _upcast
-from .variants import _rotate
+from .variants import _rotary
 
 __all__ = [
     "softmax",
@@ -253,7 +253,7 @@ def multi_head_attention(
     # 1) project, 2) split heads
     qh, kh, vh = _project_heads(query, key, value, params, num_heads, Hkv)  # (B, H|Hkv, Lq|Lk, Dh)
     if rope is not None:  # absolute positions from 0 on both sides
-        qh, kh = _rotate(qh, None, rope_base, rope), _rotate(kh, None, rope_base, rope)  # (B, H|Hkv, L, Dh)
+        qh, kh = _rotary(qh, None, rope_base, rope), _rotary(kh, None, rope_base, rope)  # (B, H|Hkv, L, Dh)
     # 3) attend (which zeroes the keys a single head does not read)
     heads, weights = scaled_dot_product_attention(
         qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng

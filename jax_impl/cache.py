@@ -56,7 +56,7 @@ from .attention import (
 )
 from .decoder import _layer_body
 from .layers import _add_broadcast, layer_norm
-from .variants import _rotate
+from .variants import _rotary
 
 __all__ = [
     "init_attention_cache",
@@ -133,7 +133,8 @@ def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=No
     q, k, v = _project_heads(x, x, x, params, num_heads, num_kv_heads)  # (B, H|Hkv, T, Dh)
     position = length + jnp.arange(T, dtype=LENGTH_DTYPE)  # (T,) absolute positions of the new tokens
     if rope is not None:  # rotated before k is written: the cache holds rotated keys
-        q, k = _rotate(q, position, rope_base, rope), _rotate(k, position, rope_base, rope)  # (B, H|Hkv, T, Dh)
+        q = _rotary(q, position, rope_base, rope)  # (B, H, T, Dh)
+        k = _rotary(k, position, rope_base, rope)  # (B, Hkv, T, Dh)
     zero = jnp.zeros((), LENGTH_DTYPE)
     start = (zero, zero, length.astype(LENGTH_DTYPE), zero)
     k_all = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)  # (B, Hkv, C, Dh)

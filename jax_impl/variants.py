@@ -17,8 +17,6 @@ constants, the angles are computed on the device.
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,30 +55,39 @@ def rotary_embedding(x, positions=None, *, base=10000.0, convention="half"):
     Returns:
       the rotated ``x``, same shape and dtype.
     """
-    rules.rotary_embedding(x, positions, base, convention)  # SPEC 5: shapes, even Dh, positions >= 0 when concrete
-    return _rotate(x, positions, base, convention)
+    rules.rotary_embedding(x, positions, base, convention)  # SPEC 3.23; positions >= 0 when concrete
+    return _rotary(x, positions, base, convention)
 
 
-def _rotate(x, positions, base, convention):
+def _rotary(x, positions, base, convention):
     """:func:`rotary_embedding` without the checks (mha and the cache call it
-    with positions they built)."""
-    y = _upcast(x)  # (..., L, Dh) in the compute dtype
-    L, Dh = x.shape[-2], x.shape[-1]
-    theta = np.asarray(base, np.float64) ** (-np.arange(0, Dh, 2, dtype=np.float64) / Dh)  # (Dh/2,) host
-    if positions is None:
-        positions = jnp.arange(L)
-    positions = jnp.asarray(positions).astype(y.dtype)  # (L,) or (B, L)
-    if positions.ndim == 2 and x.ndim == 4:
-        positions = positions[:, None, :]  # (B, 1, L): the same over heads
-    angle = positions[..., None] * jnp.asarray(theta, y.dtype)  # (..., L, Dh/2)
-    cos, sin = jnp.cos(angle), jnp.sin(angle)
+    with positions they built, traced in the cache)."""
+    cos, sin = _angles(x, positions, base)  # (B|1, 1?, L, Dh/2) each
+    return _rotate(_upcast(x), cos, sin, convention).astype(x.dtype)  # rounded once
+
+
+def _angles(x, positions, base):
+    """``cos`` and ``sin`` of ``positions · θ_i`` in the compute dtype, shaped
+    to broadcast against the pairs of ``x``: ``(L, Dh/2)``, ``(B, L, Dh/2)``,
+    or ``(B, 1, L, Dh/2)`` for per-sequence positions of a rank-4 ``x``."""
+    L, Dh = x.shape[-2:]
+    dtype = _upcast(x).dtype  # float64 for float64 x, float32 otherwise
+    theta = float(base) ** (-np.arange(0, Dh, 2, dtype=np.float64) / Dh)  # (Dh/2,) on the host
+    p = jnp.arange(L) if positions is None else jnp.asarray(positions)  # (L,) or (B, L)
+    angle = p.astype(dtype)[..., None] * jnp.asarray(theta, dtype)  # (L, Dh/2) or (B, L, Dh/2)
+    if angle.ndim == 3 and x.ndim == 4:
+        angle = angle[:, None]  # (B, 1, L, Dh/2): the same positions for every head
+    return jnp.cos(angle), jnp.sin(angle)
+
+
+def _rotate(x, cos, sin, convention):
+    """Each pair ``(a, b)`` of ``x (..., Dh)`` -> ``(a cos - b sin, a sin + b cos)``."""
+    half = x.shape[-1] // 2
     if convention == "half":
-        a, b = y[..., : Dh // 2], y[..., Dh // 2:]  # (..., L, Dh/2) each
-        out = jnp.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)  # (..., L, Dh)
-    else:
-        a, b = y[..., 0::2], y[..., 1::2]  # (..., L, Dh/2) each
-        out = jnp.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(y.shape)  # (..., L, Dh)
-    return out.astype(x.dtype)  # rounded once
+        a, b = x[..., :half], x[..., half:]  # (..., Dh/2) each
+        return jnp.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)  # (..., Dh)
+    a, b = x[..., 0::2], x[..., 1::2]  # (..., Dh/2) each
+    return jnp.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(x.shape)  # (..., Dh)
 
 
 def rope_permutation(head_dim):
@@ -91,12 +98,12 @@ def rope_permutation(head_dim):
     Returns:
       ``(Dh,)`` JAX integer array (int32, or int64 under ``jax_enable_x64``).
     """
-    Dh = rules.rope_permutation(head_dim)  # a positive even int
-    return jnp.asarray(_permutation(Dh))
+    Dh = rules.rope_permutation(head_dim)  # SPEC 3.23: a positive even int
+    return jnp.asarray(_rope_permutation(Dh))
 
 
-def _permutation(Dh):
-    return np.concatenate([np.arange(0, Dh, 2), np.arange(1, Dh, 2)])  # (Dh,) host
+def _rope_permutation(Dh):
+    return np.concatenate([np.arange(0, Dh, 2), np.arange(1, Dh, 2)])  # (Dh,) on the host: evens, then odds
 
 
 def convert_rope_params(params, num_heads, *, num_kv_heads=None, to="half"):
@@ -119,17 +126,19 @@ def convert_rope_params(params, num_heads, *, num_kv_heads=None, to="half"):
       a new params dict.
     """
     H, Hkv = rules.convert_rope_params(params, num_heads, num_kv_heads, to)
-    Dh = params["w_q"].shape[0] // H
-    perm = _permutation(Dh)
+    Dh = params["w_q"].shape[-1] // H
+    perm = _rope_permutation(Dh)  # (Dh,)
     if to == "interleaved":
         perm = np.argsort(perm)  # the inverse permutation
-    new = dict(params)
-    for name, heads in (("q", H), ("k", Hkv)):
-        for p in (f"w_{name}", f"b_{name}"):
-            x = params[p]  # (D, heads · Dh) or (heads · Dh,)
-            split = x.reshape(*x.shape[:-1], heads, Dh)  # (..., heads, Dh)
-            new[p] = split[..., perm].reshape(x.shape)  # (..., heads · Dh)
-    return new
+    heads = {"w_q": H, "b_q": H, "w_k": Hkv, "b_k": Hkv}
+    return {name: _permute_heads(p, heads[name], perm) if name in heads else p
+            for name, p in params.items()}  # JAX arrays are immutable: the others are shared
+
+
+def _permute_heads(w, n_heads, perm):
+    """The last axis of ``w (..., n_heads·Dh)`` permuted by ``perm`` within each head."""
+    split = w.reshape(*w.shape[:-1], n_heads, perm.size)  # (..., n_heads, Dh)
+    return split[..., perm].reshape(w.shape)  # (..., n_heads·Dh)
 
 
 # --------------------------------------------------------------------------
@@ -150,15 +159,20 @@ def alibi_slopes(num_heads, dtype=jnp.float64):
       ``(H,)``.
     """
     H = rules.alibi_slopes(num_heads)  # a positive int
-    return jnp.asarray(np.asarray(_slopes(H)), _canonical(dtype))
+    return jnp.asarray(np.array(_slopes(H), np.float64), _canonical(dtype))  # (H,)
 
 
 def _slopes(H):
-    """ALiBi's slopes as Python floats (float64)."""
-    if H & (H - 1) == 0:
-        return [2.0 ** (-8.0 * (h + 1) / H) for h in range(H)]
-    m = 2 ** int(math.floor(math.log2(H)))
-    return _slopes(m) + _slopes(2 * m)[0::2][: H - m]
+    """ALiBi's ``H`` slopes as Python floats (float64)."""
+    m = 1 << (H.bit_length() - 1)  # the largest power of two <= H
+    slopes = _geometric_slopes(m)
+    if m < H:
+        slopes += _geometric_slopes(2 * m)[0::2][: H - m]
+    return slopes
+
+
+def _geometric_slopes(n):
+    return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
 
 
 def alibi_bias(num_heads, Lq, Lk=None, *, align="top_left", symmetric=False, dtype=jnp.float64):

@@ -196,7 +196,8 @@ def _seq2seq_calls(rng, key):
     }
 
 
-MODULES = ("masks", "positional", "attention", "variants", "blockwise", "layers", "encoder", "seq2seq", "decoder", "cache", "transformer")
+MODULES = ("masks", "positional", "attention", "variants", "blockwise", "layers", "encoder", "seq2seq",
+           "decoder", "cache", "transformer")
 PUBLIC = sorted(
     [name for m in MODULES for name in importlib.import_module(f"jax_impl.{m}").__all__]
     + list(interop.__all__)

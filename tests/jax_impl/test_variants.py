@@ -120,7 +120,8 @@ def test_alibi_slopes_of_other_head_counts_equal_numpy_ref(H):
 def test_alibi_bias_equals_numpy_ref(align, symmetric):
     got = ji.alibi_bias(HQ, LQ, LK, align=align, symmetric=symmetric)
     assert got.shape == (HQ, LQ, LK) and got.dtype == jnp.float64
-    np.testing.assert_array_equal(np.asarray(got), nr.alibi_bias(HQ, LQ, LK, align=align, symmetric=symmetric))
+    want = nr.alibi_bias(HQ, LQ, LK, align=align, symmetric=symmetric)
+    np.testing.assert_array_equal(np.asarray(got), want)
 
 
 # --------------------------------------------------------------------------
@@ -138,7 +139,8 @@ def _sdpa_case(rng, Hkv, softcap):
             "mask": mask, "bias": bias, "softcap": softcap}
 
 
-@pytest.mark.parametrize("Hkv, softcap", [(2, 1.5), (1, None), (HQ, 0.7)], ids=["gqa-softcap", "mqa", "mha-softcap"])
+@pytest.mark.parametrize("Hkv, softcap", [(2, 1.5), (1, None), (HQ, 0.7)],
+                         ids=["gqa-softcap", "mqa", "mha-softcap"])
 def test_sdpa_with_grouped_heads_and_softcap_equals_numpy_ref_with_gradients(Hkv, softcap, rng):
     kwargs = _sdpa_case(rng, Hkv, softcap)
     cts = (_n(rng, B, HQ, LQ, DV), _n(rng, B, HQ, LQ, LK))
@@ -202,7 +204,8 @@ def test_half_precision_softcap_is_computed_in_float32(rng):
 
 
 BLOCKWISE = {  # id -> (Hkv, statics, slopes shape)
-    "gqa/softcap/alibi/causal-bottom-right": (2, {"causal": True, "align": "bottom_right", "softcap": 2.0}, (HQ,)),
+    "gqa/softcap/alibi/causal-bottom-right": (2, {"causal": True, "align": "bottom_right", "softcap": 2.0},
+                                              (HQ,)),
     "mqa/alibi-per-batch/window": (1, {"window": (2, 1)}, (B, HQ)),
     "gqa/softcap/bias-only": (3, {"softcap": 0.5, "align": "bottom_right"}, None),
 }
