@@ -254,6 +254,24 @@ def _positions(align):
     return np.arange(LQ)[:, None] + offset, np.arange(LK)[None, :]
 
 
+def test_half_precision_blockwise_alibi_softcap_is_within_rounding_of_the_float64_truth(rng):
+    Hkv, statics, slopes = BLOCKWISE["gqa/softcap/alibi/causal-bottom-right"]
+    kwargs = _blockwise_case(rng, Hkv, statics, slopes)
+    half = to_jax(kwargs, jnp.bfloat16)
+    out, lse = jax.jit(ji.blockwise_attention, static_argnames=("block_q", "block_k", "causal", "align",
+                                                               "softcap"))(**half)
+    assert out.dtype == jnp.bfloat16 and lse.dtype == jnp.float32  # lse float32 for half q
+    # the truth: numpy_ref in float64 on the same (bfloat16-rounded) inputs
+    exact = {n: np.asarray(x, np.float64 if x.dtype == jnp.bfloat16 else None)
+             for n, x in half.items() if isinstance(x, jax.Array)}
+    want_out, want_lse = nr.blockwise_attention(**{**kwargs, **exact})
+    finite = np.isfinite(want_lse)
+    assert (np.isfinite(np.asarray(lse)) == finite).all()
+    # computed in float32 throughout, out rounded once: within a couple of bfloat16 ulps
+    np.testing.assert_allclose(np.asarray(out, np.float64), want_out, rtol=2 * 2.0 ** -8, atol=2 * 2.0 ** -8)
+    np.testing.assert_allclose(np.asarray(lse)[finite], want_lse[finite], rtol=1e-5, atol=1e-5)
+
+
 def _structural(statics, p, j):
     """The causal/window bounds as a dense ``(Lq, Lk)`` bool, written out with numpy."""
     left, right = statics.get("window") or (None, None)
