@@ -1,9 +1,11 @@
 """Attention in pure numpy: softmax, scaled dot-product, additive (Bahdanau)
 and multi-head attention, each with a hand-derived backward pass.
 
-Shape legend: ``B`` batch, ``H`` heads, ``Lq`` query length, ``Lk`` key/value
-length, ``D`` model width, ``Dh = D / H``, ``Dk``/``Dv`` key/value widths,
-``Dq`` additive-attention query width, ``A`` additive-attention width.
+Shape legend: ``B`` batch, ``H`` heads, ``Hkv`` key/value heads of
+grouped-query attention (``H`` otherwise), ``G = H / Hkv``, ``Lq`` query
+length, ``Lk`` key/value length, ``D`` model width, ``Dh = D / H``,
+``Dk``/``Dv`` key/value widths, ``Dq`` additive-attention query width, ``A``
+additive-attention width.
 
 Masks are boolean, ``True`` = may attend. Masking is *selection* (``np.where``),
 never ``-1e9`` arithmetic: a score that is masked or equal to ``-inf`` is left
