@@ -26,7 +26,8 @@ gives ``0 * NaN = NaN`` in ``p @ v`` and in the VJP's ``ds @ k`` and
 anything, NaN and inf included.
 
 Pure and ``jit``-compatible. Static under ``jax.jit``: ``axis``, ``scale``,
-``num_heads``, ``dropout_p``; ``rng`` is a JAX PRNG key (an array; JAX has
+``num_heads``, ``dropout_p``, ``softcap``, ``num_kv_heads``, ``rope``,
+``rope_base``; ``rng`` is a JAX PRNG key (an array; JAX has
 no global generator, so ``dropout_p > 0`` needs it or an explicit
 ``dropout_mask``). float16/bfloat16 compute scores and softmax in float32
 and cast the weights back before ``@ v``.
@@ -41,6 +42,7 @@ import jax.numpy as jnp
 
 from ._checks import _key, float_dtype, rules
 from .layers import _add_broadcast, _dropout, _keep_mask, _upcast
+from .variants import _rotary
 
 __all__ = [
     "softmax",
@@ -115,20 +117,27 @@ def _softmax_of_valid_jvp(axis, primals, tangents):
 
 
 def scaled_dot_product_attention(
-    q, k, v, mask=None, bias=None, scale=None, dropout_p=0.0, dropout_mask=None, rng=None
+    q, k, v, mask=None, bias=None, scale=None, dropout_p=0.0, dropout_mask=None, rng=None, *,
+    softcap=None,
 ):
     """Scaled dot-product attention (Vaswani et al. 2017, eq. 1).
 
-    ``weights = softmax((q * scale) @ kᵀ + bias, mask)``,
-    ``out = dropout(weights) @ v``, ``scale = 1 / sqrt(Dk)`` unless given
-    (the spec's ``q @ kᵀ * scale``, with the scale applied to the smaller
-    operand, as ``nn.MultiheadAttention`` does; rounding may differ in the
-    last bit).
+    ``s = (q * scale) @ kᵀ``; ``s = softcap · tanh(s / softcap)`` if given;
+    ``weights = softmax(s + bias, mask)``, ``out = dropout(weights) @ v``,
+    ``scale = 1 / sqrt(Dk)`` unless given (the spec's ``q @ kᵀ * scale``,
+    with the scale applied to the smaller operand, as
+    ``nn.MultiheadAttention`` does; rounding may differ in the last bit).
+    The cap comes before the bias, so a ``-inf`` bias stays ``-inf`` (masked).
+
+    Grouped-query attention (rank 4): ``k``, ``v`` with ``Hkv`` heads, ``Hkv``
+    dividing ``H``; query head ``h`` reads key/value head ``h // (H / Hkv)``
+    (``k``, ``v`` repeated along the heads; their gradients sum over each
+    group). Multi-query attention is ``Hkv = 1``.
 
     Args:
       q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
-      k: ``(*batch, Lk, Dk)``.
-      v: ``(*batch, Lk, Dv)``.
+      k: ``(*batch, Lk, Dk)``, or ``(B, Hkv, Lk, Dk)``.
+      v: ``(*batch, Lk, Dv)``, or ``(B, Hkv, Lk, Dv)``.
       mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
       bias: optional float, broadcastable to ``(*batch, Lq, Lk)``, added to
         the scores before masking; ``-inf`` entries count as masked.
@@ -138,18 +147,22 @@ def scaled_dot_product_attention(
         ``rng`` when ``dropout_p > 0`` and it is None.
       rng: optional JAX PRNG key; ``dropout_p > 0`` with neither
         ``dropout_mask`` nor ``rng`` is a ValueError.
+      softcap: optional positive float (static), the soft cap of the scores
+        (Gemma 2, Grok); computed in float32 for half inputs.
 
     Returns:
       ``(out (*batch, Lq, Dv), weights (*batch, Lq, Lk))``; ``weights`` is
       the softmax *before* dropout; a fully masked row gives 0 in both.
     """
-    rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask)  # SPEC 3.6
+    G = rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask, softcap)  # SPEC 3.6; G = H / Hkv
+    k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): Hkv heads -> H
     scale = _scale(q, scale)
     read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
     k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
     # scores and softmax in float32 for half inputs
     # scale folded into q: Lq * Dk multiplies instead of Lq * Lk
     scores = (_upcast(q) * scale) @ jnp.swapaxes(_upcast(k), -1, -2)  # (*batch, Lq, Lk)
+    scores = _softcap(scores, softcap)  # (*batch, Lq, Lk), before the bias: -inf stays -inf
     if bias is not None:
         scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
     weights = _masked_softmax(scores, mask, -1).astype(q.dtype)  # (*batch, Lq, Lk)
@@ -203,35 +216,44 @@ def _additive_hidden(query, keys, params):
 
 def multi_head_attention(
     query, key, value, params, num_heads, *, mask=None, bias=None,
-    dropout_p=0.0, dropout_mask=None, rng=None,
+    dropout_p=0.0, dropout_mask=None, rng=None, num_kv_heads=None, rope=None, rope_base=10000.0,
 ):
     """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
 
-    ``head_h = attention(query w_q[:, h], key w_k[:, h], value w_v[:, h])``,
+    ``head_h = attention(rope(query w_q[:, h]), rope(key w_k[:, h // G]), value w_v[:, h // G])``,
     ``out = concat(head_1 .. head_H) @ w_o + b_o`` (with biases ``b_q``,
     ``b_k``, ``b_v`` on the projections), attention scaled by ``1/sqrt(Dh)``.
+    ``G = H / Hkv`` query heads share a key/value head (grouped-query
+    attention; ``Hkv = 1`` multi-query); ``rope`` rotates the query heads at
+    positions ``arange(Lq)`` and the key heads at ``arange(Lk)``.
 
     Args:
       query: ``(B, Lq, D)``.
       key, value: ``(B, Lk, D)`` (``Lq != Lk`` is cross-attention).
-      params: ``{"w_q", "w_k", "w_v", "w_o": (D, D), "b_q", "b_k", "b_v",
-        "b_o": (D,)}``, ``y = x @ w + b``.
+      params: ``{"w_q", "w_o": (D, D), "w_k", "w_v": (D, Hkv · Dh),
+        "b_q", "b_o": (D,), "b_k", "b_v": (Hkv · Dh,)}``, ``y = x @ w + b``.
       num_heads: ``H`` (static); must divide ``D``.
       mask, bias: optional, broadcastable to ``(B, H, Lq, Lk)``.
       dropout_p, dropout_mask, rng: dropout on the attention weights;
         ``dropout_mask (B, H, Lq, Lk)``, ``rng`` a JAX PRNG key.
+      num_kv_heads: ``Hkv`` (static), dividing ``H``; None = ``H``.
+      rope: None, ``"half"`` or ``"interleaved"`` (static), the rotary
+        convention; rope_base: its frequency base (static).
 
     Returns:
       ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
       A fully masked query row has weights 0 and a zero concat row, so its
       ``out`` row is ``b_o``.
     """
-    rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)  # SPEC 3.8
+    Hkv = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
+                    num_kv_heads, rope, rope_base)  # SPEC 3.8
     # SPEC 3.4a: a position no query of any head may attend is never read
     read = _read_positions(_read_keys(mask, bias))  # (B|1, Lk, 1) or None
     key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
     # 1) project, 2) split heads
-    qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
+    qh, kh, vh = _project_heads(query, key, value, params, num_heads, Hkv)  # (B, H|Hkv, Lq|Lk, Dh)
+    if rope is not None:  # absolute positions from 0 on both sides
+        qh, kh = _rotary(qh, None, rope_base, rope), _rotary(kh, None, rope_base, rope)  # (B, H|Hkv, L, Dh)
     # 3) attend (which zeroes the keys a single head does not read)
     heads, weights = scaled_dot_product_attention(
         qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng
@@ -242,13 +264,14 @@ def multi_head_attention(
     return _add_broadcast(concat @ params["w_o"], params["b_o"]), weights  # (B, Lq, D), (B, H, Lq, Lk)
 
 
-def _project_heads(query, key, value, params, num_heads):
+def _project_heads(query, key, value, params, num_heads, num_kv_heads=None):
     # 1) project
     q = _add_broadcast(query @ params["w_q"], params["b_q"])  # (B, Lq, D)
-    k = _add_broadcast(key @ params["w_k"], params["b_k"])  # (B, Lk, D)
-    v = _add_broadcast(value @ params["w_v"], params["b_v"])  # (B, Lk, D)
+    k = _add_broadcast(key @ params["w_k"], params["b_k"])  # (B, Lk, Hkv·Dh)
+    v = _add_broadcast(value @ params["w_v"], params["b_v"])  # (B, Lk, Hkv·Dh)
     # 2) split heads
-    return tuple(_split_heads(x, num_heads) for x in (q, k, v))  # (B, H, L, Dh)
+    Hkv = num_heads if num_kv_heads is None else num_kv_heads
+    return _split_heads(q, num_heads), _split_heads(k, Hkv), _split_heads(v, Hkv)  # (B, H|Hkv, L, Dh)
 
 
 def _split_heads(x, num_heads):
@@ -266,19 +289,26 @@ def _merge_heads(x):
 # --------------------------------------------------------------------------
 
 
-def init_multi_head_attention(rng, d_model, dtype=jnp.float32):
+def init_multi_head_attention(rng, d_model, dtype=jnp.float32, *, num_heads=None, num_kv_heads=None):
     """Parameters for :func:`multi_head_attention`.
 
     Weights ``(D, D)`` Xavier-uniform, ``U(-a, a)`` with
     ``a = sqrt(6 / (D + D))``; biases zero ``(D,)``, as ``nn.MultiheadAttention``.
+    With ``num_kv_heads`` (and ``num_heads``) given, ``w_k``, ``w_v`` are
+    ``(D, Hkv · D / H)`` with fan-out ``Hkv · D / H`` and ``b_k``, ``b_v``
+    ``(Hkv · D / H,)``; the keys are split in the same order (q, k, v, o),
+    so the draws do not depend on the head counts.
     ``rng``: a JAX PRNG key (named as numpy_ref's generator argument).
     """
     rng, dtype = _key(rng, required=True), float_dtype(dtype)
-    (d_model,) = rules.widths(d_model=d_model)  # a positive int
+    D, H, Hkv = rules.init_mha(d_model, num_heads, num_kv_heads)  # positive ints; H, Hkv None unless given
+    width = {"q": D, "k": D, "v": D, "o": D}
+    if Hkv is not None:
+        width["k"] = width["v"] = Hkv * (D // H)  # Hkv heads of Dh = D / H
     params = {}
     for name, subkey in zip(("q", "k", "v", "o"), jax.random.split(rng, 4)):
-        params[f"w_{name}"] = _xavier_uniform(subkey, d_model, d_model, dtype)
-        params[f"b_{name}"] = jnp.zeros(d_model, dtype=dtype)
+        params[f"w_{name}"] = _xavier_uniform(subkey, D, width[name], dtype)
+        params[f"b_{name}"] = jnp.zeros(width[name], dtype=dtype)
     return params
 
 
@@ -341,6 +371,22 @@ def _unread_to_zero(x, read):
     a NaN or inf there reaches neither a product nor a gradient (the where's
     own gradient is 0 in those rows); ``x`` itself when ``read`` is None."""
     return x if read is None else jnp.where(read, x, 0.0)
+
+
+def _repeat_kv(x, G):
+    """Grouped-query attention: key/value head ``g`` repeated ``G`` times
+    along axis 1, so query head ``h`` meets head ``h // G``
+    (``repeat_interleave``); autodiff sums the copies' gradients per group.
+    ``x`` itself when ``G = 1``."""
+    return x if G == 1 else jnp.repeat(x, G, axis=1)  # (B, Hkv, L, D) -> (B, Hkv·G, L, D)
+
+
+def _softcap(scores, softcap):
+    """``softcap · tanh(scores / softcap)``; the scores themselves when None."""
+    if softcap is None:
+        return scores
+    cap = float(softcap)  # a Python float is weakly typed: the scores keep their dtype
+    return cap * jnp.tanh(scores / cap)
 
 
 def _scale(q, scale):

@@ -16,7 +16,7 @@ blocks along the axes it has (a size-1 axis stays size 1), so a ``(B, 1, 1,
 Lk)`` padding mask never becomes ``(B, Lq, Lk)``.
 
 Pure and ``jit``-compatible. Static under ``jax.jit``: ``scale``,
-``block_q``, ``block_k``, ``causal``, ``window``, ``align``.
+``block_q``, ``block_k``, ``causal``, ``window``, ``align``, ``softcap``.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from jax import lax
 from numpy_ref._contract import blocks as _blocks
 
 from ._checks import rules
-from .attention import _scale
+from .attention import _repeat_kv, _scale, _softcap
 from .layers import _HALF, _upcast
 
 __all__ = ["blockwise_attention", "block_schedule"]
@@ -56,20 +56,27 @@ def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=Non
 
 
 def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=128, block_k=128,
-                        causal=False, window=None, align="top_left"):
+                        causal=False, window=None, align="top_left", softcap=None, alibi_slopes=None):
     """Scaled dot-product attention one ``(bq, bk)`` block of scores at a time
     (Milakov & Gimelshein 2018; Dao et al. 2022, FlashAttention).
 
-    Per query row, over the visited key blocks (``s = (q scale) k_bᵀ + bias_b``,
-    ``valid = mask_b & structural_b & (s != -inf)``)::
+    Per query row, over the visited key blocks (``s = cap(q scale k_bᵀ) −
+    slope_h |p_i − j| + bias_b``, ``cap(s) = softcap · tanh(s / softcap)`` if
+    given, the ALiBi term if ``alibi_slopes`` are given, ``valid = mask_b &
+    structural_b & (s != -inf)``)::
 
         m' = max(m, rowmax(s[valid]));  m_use = m' or 0 if m' = -inf
         alpha = exp(m - m_use);  p = exp(s - m_use) on valid, else 0
         l = alpha l + rowsum(p);  acc = alpha acc + p v_b;  m = m'
         out = acc / l (0 if l = 0);  lse = m + log l (-inf if l = 0)
 
-    Equal to ``scaled_dot_product_attention(q, k, v, mask & structural, bias,
-    scale)[0]`` and to the dense ``logsumexp`` of the valid scores.
+    Equal to ``scaled_dot_product_attention(q, k, v, mask & structural, bias
+    + alibi_bias(H, Lq, Lk, align=align, symmetric=True), scale,
+    softcap=softcap)[0]`` and to the dense ``logsumexp`` of the valid scores.
+    The ALiBi term comes from each block's iota, never an ``(Lq, Lk)`` array;
+    autodiff gives the slopes their gradient ``−Σ_ij dS_hij |p_i − j|``.
+    Grouped-query ``k``, ``v`` (``Hkv`` heads) are repeated to ``H`` heads
+    first, as in ``scaled_dot_product_attention``.
 
     Design. ``lax.map`` over the query blocks; per query block an inner
     ``lax.scan`` of fixed length ``M`` over key blocks ``kb0 .. kb0 + M - 1``
@@ -100,7 +107,8 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
 
     Args:
       q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
-      k: ``(*batch, Lk, Dk)``. v: ``(*batch, Lk, Dv)``.
+      k: ``(*batch, Lk, Dk)``. v: ``(*batch, Lk, Dv)``; or ``(B, Hkv, Lk, ·)``,
+        ``Hkv`` dividing ``H`` (grouped-query).
       mask: optional bool broadcastable to ``(*batch, Lq, Lk)``, True = attend.
       bias: optional float broadcastable to ``(*batch, Lq, Lk)``; ``-inf`` = masked.
       scale: optional float (static); default ``1 / sqrt(Dk)``.
@@ -109,6 +117,9 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
       window: None or ``(left, right)`` (static): ``p - left <= j <= p + right``,
         a None side unbounded.
       align: ``"top_left"`` (``p = i``) or ``"bottom_right"`` (``p = i + Lk - Lq``).
+      softcap: optional positive float (static), the scores' soft cap.
+      alibi_slopes: optional float ``(H,)`` or ``(B, H)`` (rank 4 only), q's
+        dtype: adds ``−slope_h · |p_i − j|`` after the cap.
 
     Returns:
       ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; ``out`` in ``q``'s dtype,
@@ -117,7 +128,10 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
       valid score: ``out`` 0, ``lse`` ``-inf``, gradient 0.
     """
     block_q, block_k, window = rules.blockwise(q, k, v, mask, bias, scale, block_q, block_k,
-                                               causal, window, align)  # SPEC 5
+                                               causal, window, align, softcap, alibi_slopes)  # SPEC 5
+    if q.ndim == 4:  # grouped-query: Hkv heads -> H, G = H / Hkv
+        G = q.shape[1] // k.shape[1] if k.shape[1] else 1  # H = Hkv = 0: no heads to repeat
+        k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (B, H, Lk, Dk|Dv)
     *batch, Lq, _ = q.shape
     Lk, Dv = k.shape[-2], v.shape[-1]
     sched = _blocks.block_schedule(Lq, Lk, block_q, block_k, causal, window, align)
@@ -128,11 +142,12 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
     # the whole recurrence in float32 for half inputs; scale folded into q as the dense sdpa does
     q, k, v = _upcast(q) * _scale(q, scale), _upcast(k), _upcast(v)
     bias = None if bias is None else _upcast(bias)
-    out, lse = _attend_blocks(q, k, v, mask, bias, sched)  # (*batch, Lq, Dv), (*batch, Lq)
+    slopes = None if alibi_slopes is None else _upcast(alibi_slopes)[..., None, None]  # (B|, H, 1, 1)
+    out, lse = _attend_blocks(q, k, v, mask, bias, sched, softcap, slopes)  # (*batch, Lq, Dv), (*batch, Lq)
     return out.astype(dtype), lse.astype(lse_dtype)  # out rounded once
 
 
-def _attend_blocks(q, k, v, mask, bias, sched):
+def _attend_blocks(q, k, v, mask, bias, sched, softcap=None, slopes=None):
     """The map over query blocks and the scan over key blocks (see the
     docstring of :func:`blockwise_attention`); inputs already upcast and scaled."""
     *batch, Lq, _ = q.shape
@@ -163,7 +178,7 @@ def _attend_blocks(q, k, v, mask, bias, sched):
 
         def step(carry, blk):
             # checkpointed too: the backward keeps one (bq, bk) block of scores at a time
-            visit = jax.checkpoint(lambda c: _visit(c, q_b, qi * bq, blk, sched))
+            visit = jax.checkpoint(lambda c: _visit(c, q_b, qi * bq, blk, sched, softcap, slopes))
             return lax.cond(blk["kb"] < kb1, visit, lambda c: c, carry), None
 
         (m, l, acc), _ = lax.scan(step, (m, l, acc), steps)
@@ -179,11 +194,13 @@ def _attend_blocks(q, k, v, mask, bias, sched):
     return out, lse
 
 
-def _visit(carry, q_b, q0, blk, sched):
+def _visit(carry, q_b, q0, blk, sched, softcap, slopes):
     """One visited key block: the online-softmax update of ``(m, l, acc)``."""
     m, l, acc = carry  # (*batch, bq), (*batch, bq), (*batch, bq, Dv)
     bq, bk = sched.block_q, sched.block_k
-    allowed = _structural(q0, blk["kb"] * bk, bq, bk, sched)  # (bq, bk)
+    i = q0 + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)  # query row
+    j = blk["kb"] * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)  # key column
+    allowed = _structural(i, j, sched)  # (bq, bk)
     if "mask" in blk:
         allowed = allowed & blk["mask"]  # (*bb, bq, bk)
     if "bias" in blk:
@@ -191,7 +208,9 @@ def _visit(carry, q_b, q0, blk, sched):
     # SPEC 3.4a: keys no row of this block may read are 0 before any product
     read = jnp.swapaxes(jnp.any(allowed, axis=-2, keepdims=True), -1, -2)  # (*bb, bk, 1)
     k_b, v_b = jnp.where(read, blk["k"], 0.0), jnp.where(read, blk["v"], 0.0)  # (*batch, bk, D)
-    s = q_b @ jnp.swapaxes(k_b, -1, -2)  # (*batch, bq, bk); q already scaled
+    s = _softcap(q_b @ jnp.swapaxes(k_b, -1, -2), softcap)  # (*batch, bq, bk); q already scaled
+    if slopes is not None:  # ALiBi, symmetric: -slope_h |p_i - j| from the block's iota
+        s = s - slopes * jnp.abs(i + sched.offset - j).astype(s.dtype)  # (*batch, bq, bk)
     if "bias" in blk:
         s = s + blk["bias"]
     valid = allowed & (s != -jnp.inf)  # (*batch, bq, bk)
@@ -206,11 +225,9 @@ def _visit(carry, q_b, q0, blk, sched):
     return m_new, l, acc
 
 
-def _structural(q0, k0, bq, bk, sched):
+def _structural(i, j, sched):
     """``(bq, bk)`` bool: causal/window bounds and the padding (rows ``>= Lq``,
-    columns ``>= Lk``) of the block at rows ``q0 + i``, columns ``k0 + j``, from iota."""
-    i = q0 + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)  # query row
-    j = k0 + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)  # key column
+    columns ``>= Lk``) of the block at query rows ``i``, key columns ``j`` (iota)."""
     allowed = (i < sched.Lq) & (j < sched.Lk)
     p = i + sched.offset  # the row's key position
     if sched.left is not None:

@@ -2,7 +2,10 @@
 
 An attention cache is a dict of fixed-capacity arrays and the filled length::
 
-    {"k": (B, H, C, Dh), "v": (B, H, C, Dh), "length": int32 0-d array}
+    {"k": (B, Hkv, C, Dh), "v": (B, Hkv, C, Dh), "length": int32 0-d array}
+
+(``Hkv = H`` unless grouped-query attention; with ``rope`` the cache holds
+the keys already rotated at their absolute positions, as Hugging Face's.)
 
 Slots ``[0, length)`` hold the projected, head-split keys and values of the
 tokens seen so far; the slots beyond are zeros and are never read (a
@@ -31,7 +34,7 @@ chunking, and ``jax.grad`` differentiates through the cache
 gradients.
 
 Static under ``jax.jit``: ``num_heads``, ``capacity``, ``norm_first``,
-``activation``, ``eps``, ``chunks``.
+``activation``, ``eps``, ``chunks``, ``num_kv_heads``, ``rope``, ``rope_base``.
 
 Shape letters: ``B`` batch, ``H`` heads, ``C`` capacity, ``Dh = D / H``,
 ``T`` tokens of one step, ``S`` source length, ``L`` target length.
@@ -53,10 +56,12 @@ from .attention import (
 )
 from .decoder import _layer_body
 from .layers import _add_broadcast, layer_norm
+from .variants import _rotary
 
 __all__ = [
     "init_attention_cache",
     "self_attention_step",
+    "self_attention_incremental",
     "init_decoder_layer_cache",
     "decoder_layer_step",
     "init_decoder_cache",
@@ -72,35 +77,43 @@ LENGTH_DTYPE = jnp.int32
 # one attention cache
 
 
-def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=jnp.float32):
-    """An empty attention cache: ``k``, ``v`` zeros ``(B, H, C, D / H)``, length 0.
+def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=jnp.float32, *,
+                         num_kv_heads=None):
+    """An empty attention cache: ``k``, ``v`` zeros ``(B, Hkv, C, D / H)``, length 0.
 
     Args:
       batch_size: ``B``; num_heads: ``H`` (divides ``d_model``);
       capacity: ``C``, the most tokens the cache will hold; d_model: ``D``.
       dtype: floating dtype of ``k`` and ``v`` (default float32, JAX's default).
+      num_kv_heads: ``Hkv`` dividing ``H`` (grouped-query); None = ``H``.
 
     Returns:
-      ``{"k", "v": (B, H, C, Dh), "length": int32 0-d array, 0}``.
+      ``{"k", "v": (B, Hkv, C, Dh), "length": int32 0-d array, 0}``.
     """
-    rules.init_attention_cache(batch_size, num_heads, capacity, d_model)  # counts, H divides D
+    B, H, C, D = rules.init_attention_cache(batch_size, num_heads, capacity, d_model)  # counts, H divides D
+    Hkv = rules.kv_heads(num_kv_heads, H)
     dtype = float_dtype(dtype)
-    return _empty_cache(batch_size, num_heads, capacity, d_model // num_heads, dtype)
+    return _empty_cache(B, Hkv, C, D // H, dtype)
 
 
-def self_attention_step(x, params, num_heads, cache):
+def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=None,
+                        rope_base=10000.0):
     """Multi-head self-attention of ``T`` new tokens against the cache.
 
-    ``k, v = split_heads(x @ w_k + b_k), split_heads(x @ w_v + b_v)`` are
-    written to slots ``[length, length + T)`` of a new cache; the queries
-    ``split_heads(x @ w_q + b_q)`` at positions ``length + t`` attend the
-    slots ``j <= length + t``; ``out = concat(heads) @ w_o + b_o``.
+    ``k, v = rope(split_heads(x @ w_k + b_k)), split_heads(x @ w_v + b_v)``
+    (``Hkv`` heads; ``rope`` at the absolute positions ``length + t``, or
+    none) are written to slots ``[length, length + T)`` of a new cache; the
+    queries ``rope(split_heads(x @ w_q + b_q))`` at positions ``length + t``
+    attend the slots ``j <= length + t``, query head ``h`` reading cached
+    head ``h // (H / Hkv)``; ``out = concat(heads) @ w_o + b_o``.
 
     Args:
       x: ``(B, T, D)``, the new tokens (``T >= 0``); only ``x`` is projected.
-      params: mha params (``w_q .. b_o``).
+      params: mha params (``w_q .. b_o``; ``w_k``, ``w_v`` ``(D, Hkv · Dh)``).
       num_heads: ``H`` (static).
-      cache: ``{"k", "v": (B, H, C, Dh), "length"}``, not modified.
+      cache: ``{"k", "v": (B, Hkv, C, Dh), "length"}``, not modified.
+      num_kv_heads: ``Hkv`` (static), None = ``H``; rope: None, ``"half"``
+        or ``"interleaved"``; rope_base: its base (static).
 
     Returns:
       ``(out (B, T, D), new_cache)`` with ``new_cache["length"] = length + T``.
@@ -108,28 +121,62 @@ def self_attention_step(x, params, num_heads, cache):
       cache's ``k``, ``v`` all NaN (see the module docstring); eagerly it is a
       ValueError.
     """
-    rules.self_attention_step(x, params, num_heads, cache)  # shapes, dtypes, overflow when concrete
-    return _self_attention_step(x, params, num_heads, cache)
+    Hkv = rules.self_attention_step(x, params, num_heads, cache, num_kv_heads, rope,
+                                    rope_base)  # shapes, dtypes, overflow when concrete
+    return _self_attention_step(x, params, num_heads, cache, Hkv, rope, rope_base)
 
 
-def _self_attention_step(x, params, num_heads, cache):
+def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=None, rope_base=10000.0):
     T = x.shape[1]
     C = cache["k"].shape[2]
     length = cache["length"]  # int32 0-d, traced under jit
-    q, k, v = _project_heads(x, x, x, params, num_heads)  # (B, H, T, Dh)
+    q, k, v = _project_heads(x, x, x, params, num_heads, num_kv_heads)  # (B, H|Hkv, T, Dh)
+    position = length + jnp.arange(T, dtype=LENGTH_DTYPE)  # (T,) absolute positions of the new tokens
+    if rope is not None:  # rotated before k is written: the cache holds rotated keys
+        q = _rotary(q, position, rope_base, rope)  # (B, H, T, Dh)
+        k = _rotary(k, position, rope_base, rope)  # (B, Hkv, T, Dh)
     zero = jnp.zeros((), LENGTH_DTYPE)
     start = (zero, zero, length.astype(LENGTH_DTYPE), zero)
-    k_all = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)  # (B, H, C, Dh)
-    v_all = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)  # (B, H, C, Dh)
-    position = length + jnp.arange(T, dtype=LENGTH_DTYPE)  # (T,) absolute positions of the queries
+    k_all = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)  # (B, Hkv, C, Dh)
+    v_all = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)  # (B, Hkv, C, Dh)
     mask = jnp.arange(C, dtype=LENGTH_DTYPE)[None, :] <= position[:, None]  # (T, C), bottom-right causal
-    heads, _ = scaled_dot_product_attention(q, k_all, v_all, mask)  # (B, H, T, Dh)
+    heads, _ = scaled_dot_product_attention(q, k_all, v_all, mask)  # (B, H, T, Dh); GQA by the shapes
     out = _add_broadcast(_merge_heads(heads) @ params["w_o"], params["b_o"])  # (B, T, D)
     # overflow under jit: dynamic_update_slice clamped the start and overwrote
     # filled slots; poison everything it touched instead of returning garbage
     bad = (length < 0) | (length + T > C)
     new_length = (length + T).astype(LENGTH_DTYPE)
     return _poison(out, bad), {"k": _poison(k_all, bad), "v": _poison(v_all, bad), "length": new_length}
+
+
+def self_attention_incremental(x, params, num_heads, *, chunks, num_kv_heads=None, rope=None,
+                               rope_base=10000.0):
+    """Self-attention run chunk by chunk through a cache, outputs concatenated.
+
+    An empty cache of capacity ``L``, then :func:`self_attention_step` on
+    ``x[:, s:s + T]`` for each ``T`` in ``chunks``. THE LAW: equals
+    ``multi_head_attention(x, x, x, params, num_heads, mask=causal_mask(L),
+    num_kv_heads=num_kv_heads, rope=rope, rope_base=rope_base)[0]``.
+
+    Args:
+      x: ``(B, L, D)``; params: mha params; num_heads: ``H`` (static).
+      chunks: ints ``>= 0`` summing to ``L`` (static), e.g. ``(3, 1, 1)``.
+      num_kv_heads, rope, rope_base: as :func:`self_attention_step` (static).
+
+    Returns:
+      ``(B, L, D)``. ``jax.grad`` through it gives the full causal pass's gradients.
+    """
+    chunks, Hkv = rules.self_attention_incremental(x, params, num_heads, chunks, num_kv_heads, rope,
+                                                   rope_base)
+    B, L, D = x.shape
+    cache = _empty_cache(B, Hkv, L, D // num_heads, x.dtype)
+
+    def step(cache, start, T):  # the T positions from ``start`` (a traced index inside a scan)
+        out, cache = _self_attention_step(jax.lax.dynamic_slice_in_dim(x, start, T, axis=1), params,
+                                          num_heads, cache, Hkv, rope, rope_base)
+        return cache, out  # (B, T, D)
+
+    return _run_chunks(step, cache, chunks, x)  # (B, L, D)
 
 
 def _poison(x, bad):
@@ -310,6 +357,13 @@ def decoder_incremental(x, memory, params, num_heads, *, chunks, memory_mask=Non
                                    num_heads, mask, norm_first, activation, eps)
         return cache, out  # (B, T, D)
 
+    return _run_chunks(step, cache, chunks, x)  # (B, L, D)
+
+
+def _run_chunks(step, cache, chunks, x):
+    """``step(cache, start, T) -> (cache, out (B, T, D))`` over consecutive
+    chunks of ``x (B, L, D)``, outputs concatenated ``(B, L, D)``. A run of
+    equal step sizes is one ``lax.scan``: one compiled step for all of them."""
     outs, start = [], 0
     for T, n in _runs(chunks):  # a run of n steps of T tokens: one lax.scan, one compiled step
         if T == 0:

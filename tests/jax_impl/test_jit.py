@@ -38,6 +38,11 @@ def _layer(rng):
             "norm1": nr.init_layer_norm(D), "norm2": nr.init_layer_norm(D)}
 
 
+def _mqa(mha):
+    """mha params with one key/value head (its first ``DH`` columns)."""
+    return {**mha, **{name: mha[name][..., :DH] for name in ("w_k", "b_k", "w_v", "b_v")}}
+
+
 def _calls(rng):
     """name -> (positional args, keyword args), numpy leaves; one call per public function."""
     causal = np.tril(np.ones((LQ, LK), bool))
@@ -54,24 +59,33 @@ def _calls(rng):
         "add_positional_encoding": ((), {"x": _n(rng, B, LQ, D), "table": _n(rng, LK, D)}),
         "init_learned_positional_embedding": ((key,), {"max_len": LK, "d_model": D}),
         "softmax": ((), {"x": _n(rng, B, H, LQ, LK), "axis": -2, "mask": causal}),
-        "scaled_dot_product_attention": ((), {
-            "q": _n(rng, B, H, LQ, DH), "k": _n(rng, B, H, LK, DH), "v": _n(rng, B, H, LK, DV),
+        "scaled_dot_product_attention": ((), {  # multi-query (one kv head), soft-capped
+            "q": _n(rng, B, H, LQ, DH), "k": _n(rng, B, 1, LK, DH), "v": _n(rng, B, 1, LK, DV),
             "mask": _pad([0, 7]) & causal, "bias": _n(rng, H, LQ, LK), "scale": 0.3,
-            "dropout_p": 0.2, "rng": key}),
+            "dropout_p": 0.2, "rng": key, "softcap": 2.0}),
         "additive_attention": ((), {"query": _n(rng, B, LQ, DQ), "keys": _n(rng, B, LK, DK),
                                     "params": nr.init_additive_attention(rng, DQ, DK, A),
                                     "mask": _pad([2, 7])}),
         "multi_head_attention": ((), {
-            # self-attention shapes: the eager ops are the encoder layer's, compiled once
+            # self-attention, multi-query (one kv head), rotary (interleaved)
             "query": _n(rng, B, LQ, D), "key": _n(rng, B, LQ, D), "value": _n(rng, B, LQ, D),
-            "params": mha, "num_heads": H, "mask": _pad([3, 5], LQ), "dropout_p": 0.1, "rng": key}),
-        "blockwise_attention": ((), {
-            "q": _n(rng, B, H, LQ, DH), "k": _n(rng, B, H, LK, DH), "v": _n(rng, B, H, LK, DV),
+            "params": _mqa(mha), "num_heads": H, "mask": _pad([3, 5], LQ), "dropout_p": 0.1, "rng": key,
+            "num_kv_heads": 1, "rope": "interleaved", "rope_base": 100.0}),
+        "blockwise_attention": ((), {  # multi-query, soft-capped, ALiBi
+            "q": _n(rng, B, H, LQ, DH), "k": _n(rng, B, 1, LK, DH), "v": _n(rng, B, 1, LK, DV),
             "mask": _pad([0, 7]), "bias": _n(rng, H, LQ, LK), "scale": 0.3, "block_q": 2, "block_k": 3,
-            "causal": True, "window": (2, None), "align": "bottom_right"}),
+            "causal": True, "window": (2, None), "align": "bottom_right", "softcap": 2.0,
+            "alibi_slopes": np.array([0.5, 0.25, 0.125])}),
         "block_schedule": ((), {"Lq": LQ, "Lk": LK, "block_q": 2, "block_k": 3, "causal": True,
                                 "window": (2, None), "align": "bottom_right"}),
-        "init_multi_head_attention": ((key,), {"d_model": D}),
+        "init_multi_head_attention": ((key,), {"d_model": D, "num_heads": H, "num_kv_heads": 1}),
+        "rotary_embedding": ((), {"x": _n(rng, B, H, LQ, DH), "positions": rng.integers(0, 9, (B, LQ)),
+                                  "base": 500.0, "convention": "interleaved"}),
+        "rope_permutation": ((), {"head_dim": DH}),
+        "convert_rope_params": ((), {"params": _mqa(mha), "num_heads": H, "num_kv_heads": 1,
+                                     "to": "interleaved"}),
+        "alibi_slopes": ((), {"num_heads": 6}),
+        "alibi_bias": ((), {"num_heads": H, "Lq": LQ, "Lk": LK, "align": "bottom_right", "symmetric": True}),
         "init_additive_attention": ((key,), {"d_query": DQ, "d_key": DK, "d_attn": A}),
         "linear": ((), {"x": _n(rng, B, LQ, DQ), "w": _n(rng, DQ, DK), "b": _n(rng, DK)}),
         "layer_norm": ((), {"x": _n(rng, B, LQ, D), "params": nr.init_layer_norm(D), "eps": 1e-3}),
@@ -119,9 +133,13 @@ def _decoder_calls(rng, key):
                          "memory_mask": pad, "norm_first": True}),
         "init_decoder_layer": ((key,), {"d_model": D, "d_ff": FF}),
         "init_decoder": ((key,), {"num_layers": 2, "d_model": D, "d_ff": FF, "final_norm": True}),
-        "init_attention_cache": ((), {"batch_size": B, "num_heads": H, "capacity": C, "d_model": D}),
+        "init_attention_cache": ((), {"batch_size": B, "num_heads": H, "capacity": C, "d_model": D,
+                                      "num_kv_heads": 1}),
         "self_attention_step": ((), {"x": _n(rng, B, 2, D), "params": layer["self_attn"], "num_heads": H,
                                      "cache": cache["layers"][0]["self_attn"]}),
+        "self_attention_incremental": ((), {"x": _n(rng, B, LQ, D), "params": _mqa(layer["self_attn"]),
+                                            "num_heads": H, "chunks": (2, 1, 1, LQ - 4), "num_kv_heads": 1,
+                                            "rope": "half", "rope_base": 100.0}),
         "init_decoder_layer_cache": ((), {"memory": memory, "params": layer, "num_heads": H, "capacity": C}),
         "decoder_layer_step": ((), {"x": _n(rng, B, 2, D), "cache": cache["layers"][0], "params": layer,
                                     "num_heads": H, "memory_mask": pad}),
@@ -178,7 +196,8 @@ def _seq2seq_calls(rng, key):
     }
 
 
-MODULES = ("masks", "positional", "attention", "blockwise", "layers", "encoder", "seq2seq", "decoder", "cache", "transformer")
+MODULES = ("masks", "positional", "attention", "variants", "blockwise", "layers", "encoder", "seq2seq",
+           "decoder", "cache", "transformer")
 PUBLIC = sorted(
     [name for m in MODULES for name in importlib.import_module(f"jax_impl.{m}").__all__]
     + list(interop.__all__)
