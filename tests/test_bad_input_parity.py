@@ -432,7 +432,7 @@ def bad_calls(draw):
         family = draw(st.sampled_from(["rank", "shape", "dtype", "values", "zero", "list", "none", "scalar"]))
         if family == "rank":
             new = value[None] if draw(st.booleans()) or value.ndim == 0 else np.asarray(value[0])
-            invalid = role not in ANY_RANK and top not in ("mask", "bias", "masks") or in_params
+            invalid = role not in ANY_RANK and top not in ("mask", "bias", "masks", "self_mask", "memory_mask") or in_params
         elif family in ("shape", "zero"):
             if value.ndim == 0:
                 return draw(bad_calls())
