@@ -67,7 +67,7 @@ def test_rotary_embedding_and_its_gradient_equal_numpy_ref(convention, rank, pos
     pos = {None: None, "L": rng.integers(0, 50, LQ), "BL": rng.integers(0, 50, (B, LQ))}[positions]
     d_out = _n(rng, *x.shape)
     kwargs = {"x": x, "positions": pos, "base": 500.0, "convention": convention}
-    # eager vjp: positions stay concrete (see the xfail below for a jit closing over them)
+    # eager vjp: positions stay concrete (a jit closing over them: the test below)
     out, vjp = jax.vjp(lambda x: ji.rotary_embedding(x, None if pos is None else jnp.asarray(pos),
                                                      base=500.0, convention=convention), jnp.asarray(x))
     np.testing.assert_allclose(out, nr.rotary_embedding(**kwargs), **TOL)
@@ -75,9 +75,6 @@ def test_rotary_embedding_and_its_gradient_equal_numpy_ref(convention, rank, pos
     _assert_grads({"x": np.asarray(vjp(jnp.asarray(d_out))[0])}, want, ["x"])
 
 
-@pytest.mark.xfail(raises=jax.errors.ConcretizationTypeError, strict=False,
-                   reason="rules.positions takes positions.min() of a concrete JAX array, which a jit "
-                          "trace stages; the tokens rule's np.asarray(x.tolist()) would not")
 def test_rotary_under_jit_accepts_concrete_positions_closed_over(rng):
     x, pos = jnp.asarray(_n(rng, B, LQ, DH)), jnp.asarray(rng.integers(0, 9, LQ))
     out = jax.jit(lambda x: ji.rotary_embedding(x, pos))(x)
