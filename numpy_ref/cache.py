@@ -235,16 +235,7 @@ def self_attention_incremental_backward(d_out, x, params, num_heads, *, chunks, 
                                           rope=rope, rope_base=rope_base)
         return {"x": g["query"] + g["key"] + g["value"], "params": g["params"]}  # x (B, L, D)
 
-    grads, start = None, 0
-    for n in chunks:
-        if n == 0:  # an empty step contributes nothing
-            continue
-        rows = np.zeros(x.shape[1], dtype=bool)
-        rows[start:start + n] = True
-        step = full_pass_backward(np.where(rows[None, :, None], d_out, d_out.dtype.type(0)))
-        grads = step if grads is None else _sum_grads(grads, step)
-        start += n
-    return full_pass_backward(d_out) if grads is None else grads  # L = 0: no step at all
+    return _per_chunk(full_pass_backward, d_out, chunks)
 
 
 # --------------------------------------------------------------------------
@@ -502,11 +493,19 @@ def decoder_incremental_backward(d_out, x, memory, params, num_heads, *, chunks,
                                 memory_mask=memory_mask, norm_first=norm_first,
                                 activation=activation, eps=eps)
 
+    return _per_chunk(full_pass_backward, d_out, chunks)
+
+
+def _per_chunk(full_pass_backward, d_out, chunks):
+    """The backward of an incremental pass, step by step: each chunk's rows of
+    ``d_out`` (the others 0) through the full causal pass's backward, summed.
+    By the law, each step's outputs are those rows of the full pass, so this
+    is the full pass's gradient, and it differs from it only by rounding."""
     grads, start = None, 0
     for n in chunks:
         if n == 0:  # an empty step contributes nothing
             continue
-        rows = np.zeros(x.shape[1], dtype=bool)
+        rows = np.zeros(d_out.shape[1], dtype=bool)
         rows[start:start + n] = True
         step = full_pass_backward(np.where(rows[None, :, None], d_out, d_out.dtype.type(0)))
         grads = step if grads is None else _sum_grads(grads, step)
