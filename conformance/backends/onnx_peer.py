@@ -22,6 +22,9 @@ ONNX's backend tests are generated from). It runs the
   It is broadcast to ``(B, H, Lq, Lk)`` first: the op pads an
   ``attn_mask`` whose last axis is shorter than ``Lk`` with masked columns
   (for a KV cache) instead of broadcasting it;
+- half inputs (bfloat16, float16) ask ``softmax_precision = FLOAT``: the
+  spec's softmax of half inputs is float32's (the scores before it stay in
+  the half dtype: ``half-precision-scores``);
 - the attention weights are the op's fourth output, ``qk_matmul_output``
   with ``qk_matmul_output_mode = 3`` (after the softmax), so both ``out`` and
   ``weights`` are compared. It is a forward definition: ``gradients = False``.
@@ -31,13 +34,19 @@ op), and a case with no key (``Lk = 0``) makes the reference raise
 (``np.max`` of an empty row), a crash rather than a difference one can
 declare: both are left out by ``supports``.
 
-History of the reference, measured from the wheels' ``op_attention.py``
-(pin ``onnx>=1.22``): onnx 1.18 to 1.21 applied ``softcap`` *after* the
-mask/bias was added (so a ``-inf`` score became ``-softcap`` and masked keys
-leaked into the softmax), and mapped grouped key/value heads with
-``np.tile`` (query head ``h`` reading key/value head ``h % Hkv``, not the
-spec's ``h // G``); onnx 1.22 applies the softcap before the bias/mask, as
-the spec (Gemma 2's order) and repeats the heads with ``np.repeat``.
+History of the reference, read from the wheels' ``op_attention.py`` and
+run: the declarations below are onnx 1.23's (``pip install
+attention-spec[onnx]`` asks ``onnx>=1.23``). onnx 1.18 to 1.21 applied
+``softcap`` *after* the mask/bias was added (a ``-inf`` score became
+``-softcap``, and masked keys leaked into the softmax) and mapped grouped
+key/value heads with ``np.tile`` (query head ``h`` read key/value head
+``h % Hkv``, not the spec's ``h // G``). 1.22 caps before the mask and
+repeats with ``np.repeat``, as the spec, but has no fully-masked-row guard:
+a row with no key gives NaN (softmax of an all ``-inf`` row; run here, the
+4 such cases fail in every dtype), and its float64 ``sqrt(scale)`` promotes
+half inputs to float64 under NumPy 2, so ``half-precision-scores`` does not
+occur. 1.23 zeroes a row whose mask/bias is all ``-inf`` (as the spec) and
+casts the scale to the input dtype.
 """
 from __future__ import annotations
 
@@ -63,6 +72,7 @@ class OnnxAttentionPeer(Backend):
     conventions = ("layout `(B, H, L, Dh)`, as here (rank 3: one head); fewer k/v heads: its own GQA",
                    "mask and bias become its one `attn_mask`: bool alone (`True` = attend, as here), "
                    "else additive float with `-inf` where masked, broadcast to `(B, H, Lq, Lk)`",
+                   "half inputs: `softmax_precision=FLOAT` (float32, as here)",
                    "weights: `qk_matmul_output` with `qk_matmul_output_mode=3`; forward only")
     differences = (
         Difference(
