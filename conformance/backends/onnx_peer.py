@@ -81,7 +81,7 @@ class OnnxAttentionPeer(Backend):
             "weights: the op adds its `-inf` mask to the NaN score (NaN) and softmaxes the whole row, and "
             "a fully masked row, zeroed by its guard, still multiplies the values (0 * NaN); the spec "
             "never reads such positions (SPEC 3.4a)",
-            cases="sdpa/poison"),
+            cases="sdpa/poison or sdpa/gqa/poison"),
         Difference(
             "half-precision-scores",
             "in bfloat16 and float16 the scores are computed in the half dtype (q and k each times "
