@@ -126,8 +126,7 @@ class OnnxAttentionPeer(Backend):
             attrs["scale"] = float(kw["scale"])
         if kw.get("softcap") is not None:
             attrs["softcap"] = float(kw["softcap"])
-        model = _model(dtype or "float64", attn_mask is not None and attn_mask.dtype == np.bool_,
-                       attn_mask is not None, attrs)
+        model = _model(feeds, dtype or "float64", attrs)
         with np.errstate(all="ignore"):  # the poison cases' NaN; judged by the runner, not warned about
             out, weights = ReferenceEvaluator(model).run(None, feeds)
         out, weights = np.asarray(out).astype(np.float64), np.asarray(weights).astype(np.float64)
@@ -160,15 +159,21 @@ def _attn_mask(mask, bias, rank3, shape):
     return b
 
 
-def _model(dtype: str, bool_mask: bool, has_mask: bool, attrs: dict):
+def _model(feeds: dict, dtype: str, attrs: dict):
+    """The one-node model over ``feeds`` (``Q``, ``K``, ``V`` [, ``attn_mask``]), checked
+    against the opset's schema (attributes, types, inferred shapes) before it runs."""
+    import onnx
     from onnx import TensorProto, helper
 
     elem = {"float64": TensorProto.DOUBLE, "float32": TensorProto.FLOAT,
             "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
-    inputs = [helper.make_tensor_value_info(n, elem, None) for n in ("Q", "K", "V")]
-    if has_mask:
-        inputs.append(helper.make_tensor_value_info("attn_mask", TensorProto.BOOL if bool_mask else elem, None))
-    outputs = [helper.make_tensor_value_info(n, elem, None) for n in ("Y", "W")]
-    node = helper.make_node("Attention", [n.name for n in inputs], ["Y", "", "", "W"], **attrs)
+    inputs = [helper.make_tensor_value_info(n, TensorProto.BOOL if a.dtype == np.bool_ else elem, a.shape)
+              for n, a in feeds.items()]
+    q, k, v = feeds["Q"].shape, feeds["K"].shape, feeds["V"].shape
+    outputs = [helper.make_tensor_value_info("Y", elem, (*q[:3], v[3])),
+               helper.make_tensor_value_info("W", elem, (*q[:3], k[2]))]
+    node = helper.make_node("Attention", list(feeds), ["Y", "", "", "W"], **attrs)
     graph = helper.make_graph([node], "attention", inputs, outputs)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
