@@ -2,9 +2,9 @@
 
 A backend is named either by a built-in name (``numpy``, ``torch``,
 ``torch-fused``, ``jax``), a peer's name (``torch-sdpa``, ``torch-mha``,
-``torch-encoder-layer``, ``jax-dpa``: the frameworks' own built-ins, see
-``conformance.backends.peers``; not run by default) or by
-``"package.module:ClassName"``; the class must subclass
+``torch-encoder-layer``, ``jax-dpa``, ``onnx-attention``: the frameworks' own
+built-ins, see ``conformance.backends.peers`` and ``conformance.backends.onnx_peer``;
+not run by default) or by ``"package.module:ClassName"``; the class must subclass
 :class:`conformance.protocol.Backend`. A backend whose module or
 ``requires`` cannot be imported, or whose declarations (dtypes, devices,
 differences, ...) are malformed, is *unavailable*, with a one-line reason.
@@ -33,6 +33,7 @@ PEERS = {
     "torch-decoder-layer": "conformance.backends.peers:TorchDecoderLayerPeer",
     "torch-decoder": "conformance.backends.peers:TorchDecoderPeer",
     "jax-dpa": "conformance.backends.peers:JaxDpaPeer",
+    "onnx-attention": "conformance.backends.onnx_peer:OnnxAttentionPeer",
 }
 
 
