@@ -37,18 +37,18 @@ from collections.abc import Mapping
 import numpy as np
 
 from .rules import (  # noqa: F401  (the tables are read from here by the mirrors)
-    _ADDITIVE, _BAHDANAU, _CELL, _DECODER_BLOCKS, _EMBED, _ENCODER_BLOCKS, _FFN, _MHA, _NORM, _OUT,
-    _PROJECTION, _TIED_PROJECTION, _TOKEN_EMBED, ACTIVATIONS, ADDITIVE_KEYS, ALIGNS, CELL_KEYS,
+    _ADDITIVE, _BAHDANAU, _CELL, _DECODER_BLOCKS, _EMBED, _ENCODER_BLOCKS, _FFN, _MHA, _MHA_GQA, _NORM,
+    _OUT, _PROJECTION, _TIED_PROJECTION, _TOKEN_EMBED, ACTIVATIONS, ADDITIVE_KEYS, ALIGNS, CELL_KEYS,
     DECODER_DROPOUT_SITES, DECODER_LAYER_KEYS, DROPOUT_SITES, ENCODER_KEYS, FEED_FORWARD_KEYS,
-    LAYER_KEYS, LAYER_NORM_KEYS, MHA_KEYS, SEQ2SEQ_KEYS, TRANSFORMER_DROPOUT_SITES, TRANSFORMER_KEYS,
-    WIDTHS, ArrayRules, _is_int, _is_number, _type_str, _value_str, rng_error, shape_str,
+    LAYER_KEYS, LAYER_NORM_KEYS, MHA_KEYS, ROPE_CONVENTIONS, SEQ2SEQ_KEYS, TRANSFORMER_DROPOUT_SITES,
+    TRANSFORMER_KEYS, WIDTHS, ArrayRules, _is_int, _is_number, _type_str, _value_str, rng_error, shape_str,
 )
 
 __all__ = [
     "MHA_KEYS", "ADDITIVE_KEYS", "LAYER_NORM_KEYS", "FEED_FORWARD_KEYS", "LAYER_KEYS",
     "ENCODER_KEYS", "DROPOUT_SITES", "ACTIVATIONS", "WIDTHS", "CELL_KEYS", "SEQ2SEQ_KEYS",
     "DECODER_LAYER_KEYS", "DECODER_DROPOUT_SITES", "TRANSFORMER_KEYS", "TRANSFORMER_DROPOUT_SITES",
-    "ALIGNS", "Rules", "shape_str", "rng_error",
+    "ALIGNS", "ROPE_CONVENTIONS", "Rules", "shape_str", "rng_error",
 ]
 
 
@@ -68,30 +68,74 @@ class Rules(ArrayRules):
                              f"{shape_str(x.shape)}, got {axis}")
         self._mask(mask, "mask", x, "x", x.shape, tuple(f"N{i}" for i in range(x.ndim)))
 
-    def sdpa(self, q, k, v, mask, bias, scale, dropout_p, dropout_mask) -> None:
-        """``scaled_dot_product_attention``: rank 3 or 4, shared ``*batch``."""
+    def sdpa(self, q, k, v, mask, bias, scale, dropout_p, dropout_mask, softcap=None) -> int:
+        """``scaled_dot_product_attention``: rank 3 or 4, shared ``B``; at rank 4
+        k and v may have fewer heads ``Hkv`` dividing ``H`` (grouped-query
+        attention, SPEC 3.23); a soft cap.
+
+        Returns the group size ``G = H / Hkv`` (1 at rank 3)."""
         self.arrays({"q": q, "k": k, "v": v}, {"mask": mask, "bias": bias, "dropout_mask": dropout_mask})
         self.same_float_dtype({"q": q, "k": k, "v": v, "bias": bias})
         if q.ndim not in (3, 4):  # two admissible ranks
             raise ValueError(f"q: expected shape (B, Lq, Dk) or (B, H, Lq, Dk), got {shape_str(q.shape)}")
         batch = ("B", "H")[: q.ndim - 2]
         self.shape(q, "q", (*batch, "Lq", "Dk"))
-        sizes = dict(zip(batch, q.shape[:-2]))
-        self.shape(k, "k", (*batch, "Lk", "Dk"), {**sizes, "Dk": q.shape[-1]})
-        self.shape(v, "v", (*batch, "Lk", "Dv"), {**sizes, "Lk": k.shape[-2]})
+        kv_batch, G = self._kv_heads(q, k)  # ("B",), ("B", "Hkv"), or q's letters when k's rank is wrong
+        sizes = {letter: n for letter, n in zip(batch, q.shape[:-2]) if letter in kv_batch}
+        self.shape(k, "k", (*kv_batch, "Lk", "Dk"), {**sizes, "Dk": q.shape[-1]})
+        kv_sizes = dict(zip(kv_batch, k.shape[:-2]))
+        self.shape(v, "v", (*kv_batch, "Lk", "Dv"), {**kv_sizes, "Lk": k.shape[-2]})
         target = (*q.shape[:-1], k.shape[-2])
         self._extras(mask, bias, dropout_p, dropout_mask, target, (*batch, "Lq", "Lk"), q, "q")
         self.scale(scale)
+        self.softcap(softcap)
         for name, x in (("k", k), ("v", v)):
             self.same_device(x, name, q, "q")
+        return G
 
-    def blockwise(self, q, k, v, mask, bias, scale, block_q, block_k, causal, window, align):
-        """``blockwise_attention``: sdpa's arrays (no dropout), positive block
-        sizes, a causal flag, a window, an alignment.
+    def _kv_heads(self, q, k) -> tuple:
+        """The batch letters of k and v and the group size: ``(("B",), 1)`` at
+        rank 3; at rank 4 ``(("B", "Hkv"), H // Hkv)`` when k's head count
+        ``Hkv`` divides q's ``H`` (no heads, ``H = 0``, needs ``Hkv = 0``), else
+        a ValueError naming k."""
+        if q.ndim == 3 or k.ndim != 4:
+            return ("B", "H")[: q.ndim - 2], 1
+        H, Hkv = int(q.shape[1]), int(k.shape[1])
+        if Hkv != H and (Hkv == 0 or H == 0 or H % Hkv != 0):
+            raise ValueError(f"k: expected shape (B, Hkv, Lk, Dk) with Hkv dividing H={H} (grouped-query "
+                             f"attention: query head h reads key/value head h // (H / Hkv)), "
+                             f"got {shape_str(k.shape)}")
+        return ("B", "Hkv"), (H // Hkv if Hkv else 1)
+
+    def softcap(self, softcap) -> None:
+        """None, or a positive finite real number, static under ``jit``:
+        ``cap · tanh(s / cap)`` with ``cap <= 0`` is no cap at all."""
+        if softcap is None:
+            return
+        value = self.number(softcap, "softcap", static=True)
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"softcap: expected None or a positive finite number, got {softcap}")
+
+    def blockwise(self, q, k, v, mask, bias, scale, block_q, block_k, causal, window, align,
+                  softcap=None, alibi_slopes=None):
+        """``blockwise_attention``: sdpa's arrays (no dropout; grouped k/v heads
+        and a soft cap allowed), positive block sizes, a causal flag, a window,
+        an alignment, ALiBi slopes ``(H,)`` or ``(B, H)`` (rank 4 only).
 
         Returns ``(block_q, block_k, window)`` as Python ints and a ``(left, right)``
         pair (or None)."""
-        self.sdpa(q, k, v, mask, bias, scale, 0.0, None)
+        self.sdpa(q, k, v, mask, bias, scale, 0.0, None, softcap)
+        if alibi_slopes is not None:
+            self.array(alibi_slopes, "alibi_slopes")
+            self.same_float_dtype({"q": q, "alibi_slopes": alibi_slopes})
+            if q.ndim != 4:
+                raise ValueError(f"alibi_slopes: expected q of shape (B, H, Lq, Dk) (slopes are per head), "
+                                 f"got q of shape {shape_str(q.shape)}")
+            B, H = (int(n) for n in q.shape[:2])
+            if tuple(int(n) for n in alibi_slopes.shape) not in ((H,), (B, H)):
+                raise ValueError(f"alibi_slopes: expected shape (H,) or (B, H) with B={B}, H={H}, "
+                                 f"got {shape_str(alibi_slopes.shape)}")
+            self.same_device(alibi_slopes, "alibi_slopes", q, "q")
         block_q, block_k = self.count(block_q, "block_q", 1), self.count(block_k, "block_k", 1)
         self.flag(causal, "causal")
         window = self.window(window)
@@ -159,22 +203,154 @@ class Rules(ArrayRules):
         self._mask(mask, "mask", query, "query", (B, Lq, Lk), ("B", "Lq", "Lk"))
         return mask
 
-    def mha(self, query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask) -> None:
-        """``multi_head_attention``: ``(B, L, D)`` inputs, eight ``(D, D)``/``(D,)`` params."""
-        named = self.leaves(params, "params", _MHA)
+    def mha(self, query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
+            num_kv_heads=None, rope=None, rope_base=10000.0) -> int:
+        """``multi_head_attention``: ``(B, L, D)`` inputs, eight ``(D, D)``/``(D,)``
+        params (``w_k``, ``w_v`` ``(D, Hkv·Dh)`` with ``num_kv_heads``), a rotary
+        embedding (an even ``Dh``). Returns ``Hkv``."""
+        self.leaves(params, "params", _MHA)
         self.arrays({"query": query, "key": key, "value": value},
                     {"mask": mask, "bias": bias, "dropout_mask": dropout_mask})
-        self.same_float_dtype({"query": query, "key": key, "value": value, **named, "bias": bias})
+        self.float_(query, "query")
         self.shape(query, "query", ("B", "Lq", "D"))
         B, Lq, D = query.shape
         H = self.heads(num_heads, D)
+        Hkv = self.kv_heads(num_kv_heads, H)
+        named = self._mha_params(params, "params", D, H, Hkv)
+        self.same_float_dtype({"query": query, "key": key, "value": value, **named, "bias": bias})
         self.shape(key, "key", ("B", "Lk", "D"), {"B": B, "D": D})
         self.shape(value, "value", ("B", "Lk", "D"), {"B": B, "Lk": key.shape[1], "D": D})
-        self.shapes(named, _MHA, {"D": D})
+        self.rope(rope, rope_base, D // H)
         target = (B, H, Lq, key.shape[1])
         self._extras(mask, bias, dropout_p, dropout_mask, target, ("B", "H", "Lq", "Lk"), query, "query")
         for name, x in (("key", key), ("value", value), *named.items()):
             self.same_device(x, name, query, "query")
+        return Hkv
+
+    def _mha_params(self, params, prefix, D, H, Hkv) -> dict:
+        """Eight mha params of width ``D``; ``w_k``, ``w_v`` ``(D, Dkv)`` and
+        ``b_k``, ``b_v`` ``(Dkv,)`` with ``Dkv = Hkv · D / H``. Returns them by dotted name."""
+        named = self.leaves(params, prefix, _MHA)
+        if Hkv == H:
+            self.shapes(named, _MHA, {"D": D})
+        else:
+            self.shapes(named, _MHA_GQA, {"D": D, "Dkv": Hkv * (D // H)})
+        return named
+
+    def kv_heads(self, num_kv_heads, num_heads) -> int:
+        """``num_kv_heads``: None (= ``num_heads``) or a positive int dividing it."""
+        if num_kv_heads is None:
+            return int(num_heads)
+        if not _is_int(num_kv_heads):
+            got = _value_str(num_kv_heads) if hasattr(num_kv_heads, "shape") else repr(num_kv_heads)
+            raise TypeError(f"num_kv_heads: expected None or a positive int, got {got}")
+        Hkv = operator.index(num_kv_heads)
+        if Hkv <= 0 or int(num_heads) % Hkv != 0:
+            raise ValueError(f"num_kv_heads: expected a positive int dividing num_heads={num_heads}, "
+                             f"got {Hkv}")
+        return Hkv
+
+    def rope(self, rope, rope_base, Dh) -> None:
+        """``rope``: None or a convention; with one, a positive finite ``rope_base``
+        and an even head width ``Dh`` (the rotation turns pairs)."""
+        if rope is None:
+            return
+        self.choice(rope, "rope", ROPE_CONVENTIONS)
+        self.rope_base(rope_base, "rope_base")
+        if Dh % 2:
+            raise ValueError(f"num_heads: rotary embedding needs an even head width Dh = D / num_heads, "
+                             f"got Dh={Dh}")
+
+    def rope_base(self, base, name="base") -> float:
+        """A positive finite number, static under ``jit``: θ_i = base^(-2i/Dh)."""
+        value = self.number(base, name, static=True)
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name}: expected a positive finite number, got {base}")
+        return value
+
+    # ---- the modern variants (SPEC 3.23) ------------------------------------------
+
+    def rotary_embedding(self, x, positions, base, convention) -> None:
+        """``rotary_embedding``: ``x (B, L, Dh)`` or ``(B, H, L, Dh)`` float with
+        an even ``Dh``; ``positions`` None or an int array ``(L,)`` or ``(B, L)``,
+        non-negative (checked when concrete); a base; a convention."""
+        self.array(x, "x")
+        self.float_(x, "x")
+        if x.ndim not in (3, 4):
+            raise ValueError(f"x: expected shape (B, L, Dh) or (B, H, L, Dh), got {shape_str(x.shape)}")
+        letters = ("B", "H", "L", "Dh")[4 - x.ndim:]
+        self.shape(x, "x", letters)
+        if int(x.shape[-1]) % 2:
+            raise ValueError(f"x: expected an even head width Dh (rotary embedding turns pairs), "
+                             f"got shape {shape_str(x.shape)} with Dh={int(x.shape[-1])}")
+        self.positions(positions, int(x.shape[0]), int(x.shape[-2]), x, "x")
+        self.rope_base(base)
+        self.choice(convention, "convention", ROPE_CONVENTIONS)
+
+    def positions(self, positions, B, L, ref, ref_name) -> None:
+        """None, or an int array ``(L,)`` or ``(B, L)`` of non-negative positions."""
+        if positions is None:
+            return
+        self.array(positions, "positions")
+        self.int_(positions, "positions")
+        if tuple(int(n) for n in positions.shape) not in ((L,), (B, L)):
+            raise ValueError(f"positions: expected shape (L,) or (B, L) with B={B}, L={L}, "
+                             f"got {shape_str(positions.shape)}")
+        self.same_device(positions, "positions", ref, ref_name)
+        if self.is_concrete(positions) and int(np.prod(positions.shape)) > 0:
+            low = int(positions.min().tolist())
+            if low < 0:
+                raise ValueError(f"positions: expected non-negative positions, got a minimum of {low}")
+
+    def rope_permutation(self, head_dim) -> int:
+        """``rope_permutation``: a positive even head width. Returns it."""
+        Dh = self.count(head_dim, "head_dim", 1)
+        if Dh % 2:
+            raise ValueError(f"head_dim: expected an even head width (rotary embedding turns pairs), got {Dh}")
+        return Dh
+
+    def convert_rope_params(self, params, num_heads, num_kv_heads, to) -> tuple:
+        """``convert_rope_params``: mha params (grouped or not), heads, a target
+        convention. Returns ``(H, Hkv)``."""
+        self.leaves(params, "params", _MHA)
+        w_q = params["w_q"]
+        self.float_(w_q, "params.w_q")
+        self.rank(w_q, "params.w_q", ("D", "D"))
+        D = int(w_q.shape[0])
+        H = self.heads(num_heads, D)
+        Hkv = self.kv_heads(num_kv_heads, H)
+        named = self._mha_params(params, "params", D, H, Hkv)
+        self.same_float_dtype(named)
+        for name, x in named.items():
+            self.same_device(x, name, w_q, "params.w_q")
+        self.choice(to, "to", ROPE_CONVENTIONS)
+        self.rope(to, 10000.0, D // H)  # an even head width
+        return H, Hkv
+
+    def alibi_slopes(self, num_heads) -> int:
+        """``alibi_slopes``: a positive head count. Returns it."""
+        return self.count(num_heads, "num_heads", 1)
+
+    def alibi_bias(self, num_heads, Lq, Lk, align, symmetric) -> tuple:
+        """``alibi_bias``: a positive head count, two lengths (``Lk`` defaults to
+        ``Lq``), an alignment, a symmetric flag. Returns ``(H, Lq, Lk)``."""
+        H = self.alibi_slopes(num_heads)
+        Lq, Lk, _ = self.causal_mask(Lq, Lk, align)
+        self.flag(symmetric, "symmetric")
+        return H, Lq, Lk
+
+    def init_mha(self, d_model, num_heads, num_kv_heads) -> tuple:
+        """``init_multi_head_attention``: a positive width; ``num_kv_heads`` needs
+        ``num_heads`` (the head width). Returns ``(D, H, Hkv)``, None for the
+        counts not given."""
+        (D,) = self.widths(d_model=d_model)
+        if num_heads is None:
+            if num_kv_heads is not None:
+                raise ValueError(f"num_heads: expected a positive int dividing d_model={D} when "
+                                 f"num_kv_heads is given (the head width is D / num_heads), got None")
+            return D, None, None
+        H = self.heads(num_heads, D)
+        return D, H, None if num_kv_heads is None else self.kv_heads(num_kv_heads, H)
 
     def linear(self, x, w, b) -> None:
         """``linear``: ``x (..., D_in)``, ``w (D_in, D_out)``, ``b (D_out,)``."""
@@ -651,19 +827,47 @@ class Rules(ArrayRules):
         H = self.heads(num_heads, D)
         return B, H, self.count(capacity, "capacity"), D
 
-    def self_attention_step(self, x, params, num_heads, cache) -> None:
-        """``self_attention_step``: ``x (B, T, D)``, the eight mha params, a cache
-        of ``(B, H, C, Dh)`` with room for T more tokens."""
-        named = self.leaves(params, "params", _MHA)
+    def self_attention_step(self, x, params, num_heads, cache, num_kv_heads=None, rope=None,
+                            rope_base=10000.0) -> int:
+        """``self_attention_step``: ``x (B, T, D)``, the eight mha params (grouped
+        or not), a rotary embedding, a cache of ``(B, Hkv, C, Dh)`` with room
+        for T more tokens. Returns ``Hkv``."""
+        B, T, D, H, Hkv = self._self_attention(x, params, num_heads, num_kv_heads, rope, rope_base)
+        self._attention_cache(cache, "cache", x, B, Hkv, D // H, T, heads="Hkv" if Hkv != H else "H")
+        return Hkv
+
+    def self_attention_incremental(self, x, params, num_heads, chunks, num_kv_heads=None, rope=None,
+                                   rope_base=10000.0) -> tuple:
+        """``self_attention_incremental``: :meth:`self_attention_step`'s ``x``,
+        params and options, ``chunks`` summing to ``L``. Returns ``(chunks, Hkv)``."""
+        *_, Hkv = self._self_attention(x, params, num_heads, num_kv_heads, rope, rope_base)
+        return self.chunks(chunks, int(x.shape[1])), Hkv
+
+    def _self_attention(self, x, params, num_heads, num_kv_heads, rope, rope_base) -> tuple:
+        self.leaves(params, "params", _MHA)
         self.array(x, "x")
-        self.same_float_dtype({"x": x, **named})
+        self.float_(x, "x")
         self.shape(x, "x", ("B", "T", "D"))
         B, T, D = (int(n) for n in x.shape)
         H = self.heads(num_heads, D)
-        self.shapes(named, _MHA, {"D": D})
+        Hkv = self.kv_heads(num_kv_heads, H)
+        named = self._mha_params(params, "params", D, H, Hkv)
+        self.same_float_dtype({"x": x, **named})
         for name, y in named.items():
             self.same_device(y, name, x, "x")
-        self._attention_cache(cache, "cache", x, B, H, D // H, T)
+        self.rope(rope, rope_base, D // H)
+        return B, T, D, H, Hkv
+
+    def chunks(self, chunks, L) -> tuple:
+        """Token counts per step: non-negative ints summing to ``L``."""
+        if not isinstance(chunks, (list, tuple)) or not all(_is_int(n) for n in chunks):
+            raise TypeError(f"chunks: expected a list of ints (token counts per step), "
+                            f"got {_value_str(chunks) if not isinstance(chunks, (list, tuple)) else chunks}")
+        chunks = tuple(int(n) for n in chunks)
+        if any(n < 0 for n in chunks) or sum(chunks) != L:
+            raise ValueError(f"chunks: expected non-negative token counts summing to L={L}, "
+                             f"got {list(chunks)}")
+        return chunks
 
     def init_decoder_cache(self, memory, params, num_heads, capacity, layer=False) -> int:
         """``init_decoder_cache`` (``layer=False``: decoder params) and
@@ -712,27 +916,20 @@ class Rules(ArrayRules):
         dropout; ``chunks`` non-negative ints summing to ``L``. Returns the chunks."""
         self.decoder(x, memory, params, num_heads, None, memory_mask, norm_first, activation, eps,
                      0.0, None)
-        L = int(x.shape[1])
-        if not isinstance(chunks, (list, tuple)) or not all(_is_int(n) for n in chunks):
-            raise TypeError(f"chunks: expected a list of ints (token counts per step), "
-                            f"got {_value_str(chunks) if not isinstance(chunks, (list, tuple)) else chunks}")
-        chunks = tuple(int(n) for n in chunks)
-        if any(n < 0 for n in chunks) or sum(chunks) != L:
-            raise ValueError(f"chunks: expected non-negative token counts summing to L={L}, "
-                             f"got {list(chunks)}")
-        return chunks
+        return self.chunks(chunks, int(x.shape[1]))
 
-    def _attention_cache(self, cache, name, x, B, H, Dh, T) -> int:
-        """``{"k", "v": (B, H, C, Dh), "length": int ()}`` in x's dtype and device,
+    def _attention_cache(self, cache, name, x, B, H, Dh, T, heads="H") -> int:
+        """``{"k", "v": (B, H, C, Dh), "length": int ()}`` in x's dtype and device
+        (``H`` is ``Hkv``, lettered ``heads``, for a grouped cache),
         ``0 <= length`` and ``length + T <= C`` (values checked when concrete).
         Returns ``C``."""
         self.exact_params(cache, name, ("k", "v", "length"))
         k, v, length = cache["k"], cache["v"], cache["length"]
         self.arrays({f"{name}.k": k, f"{name}.v": v, f"{name}.length": length})
         self.same_float_dtype({"x": x, f"{name}.k": k, f"{name}.v": v})
-        self.shape(k, f"{name}.k", ("B", "H", "C", "Dh"), {"B": B, "H": H, "Dh": Dh})
+        self.shape(k, f"{name}.k", ("B", heads, "C", "Dh"), {"B": B, heads: H, "Dh": Dh})
         C = int(k.shape[2])
-        self.shape(v, f"{name}.v", ("B", "H", "C", "Dh"), {"B": B, "H": H, "C": C, "Dh": Dh})
+        self.shape(v, f"{name}.v", ("B", heads, "C", "Dh"), {"B": B, heads: H, "C": C, "Dh": Dh})
         self.int_(length, f"{name}.length")
         self.shape(length, f"{name}.length", ())
         for where, y in ((f"{name}.k", k), (f"{name}.v", v), (f"{name}.length", length)):

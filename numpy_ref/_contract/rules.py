@@ -30,7 +30,7 @@ __all__ = [
     "MHA_KEYS", "ADDITIVE_KEYS", "LAYER_NORM_KEYS", "FEED_FORWARD_KEYS", "LAYER_KEYS",
     "ENCODER_KEYS", "DROPOUT_SITES", "ACTIVATIONS", "WIDTHS", "CELL_KEYS", "SEQ2SEQ_KEYS",
     "DECODER_LAYER_KEYS", "DECODER_DROPOUT_SITES", "TRANSFORMER_KEYS", "TRANSFORMER_DROPOUT_SITES",
-    "ALIGNS", "ArrayRules", "shape_str", "rng_error",
+    "ALIGNS", "ROPE_CONVENTIONS", "ArrayRules", "shape_str", "rng_error",
 ]
 
 # --------------------------------------------------------------------------
@@ -55,12 +55,17 @@ TRANSFORMER_KEYS = ("src_embed", "tgt_embed", "encoder", "decoder", "out")
 TRANSFORMER_DROPOUT_SITES = ("src_embed", "tgt_embed", "encoder", "decoder")
 #: where a causal mask puts the last query when Lq != Lk (SPEC 3.2)
 ALIGNS = ("top_left", "bottom_right")
+#: the two rotary-embedding pairings (SPEC 3.23): ``x[i]`` with ``x[i + Dh/2]``
+#: (GPT-NeoX, Hugging Face ``rotate_half``) or ``x[2i]`` with ``x[2i + 1]`` (GPT-J, Meta)
+ROPE_CONVENTIONS = ("half", "interleaved")
 
 #: shape letters of widths: never 0 (a batch or length axis may be)
-WIDTHS = frozenset({"D", "Dk", "Dv", "Dq", "Dh", "A", "F", "D_in", "D_out",
+WIDTHS = frozenset({"D", "Dk", "Dv", "Dq", "Dh", "Dkv", "A", "F", "D_in", "D_out",
                     "I", "Hs", "3Hs", "2Hs", "E", "E+Hs", "Vs", "Vt", "V"})
 
 _MHA = {k: ("D", "D") if k.startswith("w") else ("D",) for k in MHA_KEYS}
+#: grouped-query attention: the key and value projections are ``Hkv`` heads wide
+_MHA_GQA = {**_MHA, "w_k": ("D", "Dkv"), "b_k": ("Dkv",), "w_v": ("D", "Dkv"), "b_v": ("Dkv",)}
 _FFN = {"w_1": ("D", "F"), "b_1": ("F",), "w_2": ("F", "D"), "b_2": ("D",)}
 _NORM = {"gamma": ("D",), "beta": ("D",)}
 _ADDITIVE = {"w_1": ("Dk", "A"), "w_2": ("Dq", "A"), "v": ("A",)}
