@@ -399,7 +399,7 @@ _err("mha/num_kv_heads-0", _MHA, "ValueError", "num_kv_heads", _mha_bad(num_kv_h
 _err("mha/gqa-w_k-shape", _MHA, "ValueError", "params.w_k",
      _mha_bad(params=lambda kw, r: {**kw["params"], "w_k": _normal(r, 16, 16)}),
      note="w_k (D, D) with num_kv_heads = 2: (D, Hkv * Dh) = (16, 8) expected")
-_err("mha/rope-odd-head-width", _MHA, "ValueError", "rope",
+_err("mha/rope-odd-head-width", _MHA, "ValueError", "num_heads",
      lambda r: _mha(r, D=12, H=4, Hkv=2, mask="padding", rope="half"), note="Dh = 3")
 _err("mha/rope-unknown", _MHA, "ValueError", "rope", _mha_bad(rope=lambda kw, r: "neox"))
 _err("mha/incremental-chunks-sum", _INC, "ValueError", "chunks",
