@@ -8,6 +8,7 @@ repository.
 from .masks import *  # noqa: F401,F403
 from .positional import *  # noqa: F401,F403
 from .attention import *  # noqa: F401,F403
+from .variants import *  # noqa: F401,F403
 from .blockwise import *  # noqa: F401,F403
 from .layers import *  # noqa: F401,F403
 from .encoder import *  # noqa: F401,F403

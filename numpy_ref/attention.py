@@ -31,6 +31,7 @@ import numpy as np
 
 from ._checks import _generator, float_dtype, rules
 from .layers import _dropout, _keep_mask, _matmul, _sum, _upcast, linear_backward
+from .variants import _rotary
 
 __all__ = [
     "softmax",
@@ -112,18 +113,29 @@ def _softmax_grad(p, dp, axis=-1):
 
 
 def scaled_dot_product_attention(
-    q, k, v, mask=None, bias=None, scale=None, dropout_p=0.0, dropout_mask=None, rng=None
+    q, k, v, mask=None, bias=None, scale=None, dropout_p=0.0, dropout_mask=None, rng=None, *,
+    softcap=None,
 ):
     """Scaled dot-product attention (Vaswani et al. 2017, eq. 1).
 
     ``weights = softmax(q @ kᵀ * scale + bias, mask)``,
     ``out = dropout(weights) @ v``, ``scale = 1 / sqrt(Dk)`` unless given.
+    With ``softcap`` the scores are soft-capped before the bias (Gemma 2,
+    Grok): ``softmax(cap · tanh(q kᵀ · scale / cap) + bias, mask)``, so a
+    ``-inf`` bias stays ``-inf``.
+
+    Grouped-query attention (Ainslie et al. 2023; multi-query for ``Hkv = 1``)
+    comes from the shapes: with ``H`` query heads and ``Hkv`` key/value heads,
+    query head ``h`` reads key/value head ``h // G``, ``G = H / Hkv`` (as
+    PyTorch's ``enable_gqa``: ``repeat_interleave`` of k and v over the heads).
 
     Args:
       q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
-      k: ``(*batch, Lk, Dk)``.
-      v: ``(*batch, Lk, Dv)``.
-      mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
+      k: ``(*batch, Lk, Dk)``; for rank 4 also ``(B, Hkv, Lk, Dk)``, ``Hkv``
+        dividing ``H``.
+      v: ``(*batch, Lk, Dv)``, heads as ``k``.
+      mask: optional bool, broadcastable to ``(*batch, Lq, Lk)`` (query
+        heads), True = attend.
       bias: optional float, broadcastable to ``(*batch, Lq, Lk)``, added to
         the scores before masking; ``-inf`` entries count as masked.
       scale: optional float multiplying ``q @ kᵀ``.
@@ -131,23 +143,27 @@ def scaled_dot_product_attention(
       dropout_mask: optional bool keep-mask ``(*batch, Lq, Lk)``; drawn from
         ``rng`` when ``dropout_p > 0`` and it is None.
       rng: optional ``numpy.random.Generator``.
+      softcap: None or a positive float, the cap of the scores.
 
     Returns:
       ``(out (*batch, Lq, Dv), weights (*batch, Lq, Lk))``; ``weights`` is
       the softmax *before* dropout; a fully masked row gives 0 in both.
     """
-    rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask)  # SPEC 3.6
+    G = rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask, softcap)  # SPEC 3.6; G = H / Hkv
     scale = _scale(q, scale)
+    k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
     read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
     k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
-    weights = _attention_probs(q, k, mask, bias, scale).astype(q.dtype, copy=False)  # (*batch, Lq, Lk)
+    p, _ = _attention_probs(q, k, mask, bias, scale, softcap)  # (*batch, Lq, Lk)
+    weights = p.astype(q.dtype, copy=False)  # (*batch, Lq, Lk)
     keep = _keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
     dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
     return _matmul(dropped, v), weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
 
 
 def scaled_dot_product_attention_backward(
-    d_out, q, k, v, mask=None, bias=None, scale=None, dropout_p=0.0, dropout_mask=None, rng=None
+    d_out, q, k, v, mask=None, bias=None, scale=None, dropout_p=0.0, dropout_mask=None, rng=None, *,
+    softcap=None,
 ):
     """Gradient of :func:`scaled_dot_product_attention`.
 
@@ -159,16 +175,25 @@ def scaled_dot_product_attention_backward(
     bias's shape. ``k`` and ``v`` are the forward's, with the rows of unread
     keys set to 0 (SPEC 3.4a), so ``dk`` and ``dv`` are 0 in those rows.
 
+    Soft-capping, ``s = cap · t + bias`` with ``t = tanh(q kᵀ · scale / cap)``:
+    ``dbias = ds``, and the product sees ``ds_raw = ds · (1 - t²)``
+    (``d(cap · tanh(x / cap)) / dx = 1 - tanh²``) in place of ``ds``.
+    Grouped-query attention, ``k_h = k[h // G]``: the gradients of the ``G``
+    query heads of a group are summed, ``dk[g] = Σ_{h // G = g} dk_h`` (the
+    transpose of ``repeat_interleave``), in the compute dtype before the one
+    rounding.
+
     Args:
       d_out: cotangent of ``out`` ``(*batch, Lq, Dv)``, or a tuple
         ``(d_out, d_weights)`` with ``d_weights (*batch, Lq, Lk)`` or None.
-      q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng: as for the
-        forward; ``dropout_p > 0`` needs the ``dropout_mask`` it ran with.
+      q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, softcap: as
+        for the forward; ``dropout_p > 0`` needs the ``dropout_mask`` it ran with.
 
     Returns:
-      ``{"q", "k", "v"}`` and ``"bias"`` (bias's own shape) when bias is given.
+      ``{"q", "k", "v"}`` (``k``, ``v`` with their ``Hkv`` heads) and
+      ``"bias"`` (bias's own shape) when bias is given.
     """
-    rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask)  # SPEC 3.6
+    G = rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask, softcap)  # SPEC 3.6; G = H / Hkv
     rules.require_mask(dropout_p, dropout_mask, "dropout_p", "dropout_mask")  # the forward's keep-mask
     batch = _batch_letters(q.ndim)
     scores_shape = (*q.shape[:-1], k.shape[-2])
@@ -178,40 +203,70 @@ def scaled_dot_product_attention_backward(
         ((*batch, "Lq", "Lk"), scores_shape),
     )
     scale = _scale(q, scale)
+    k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
     read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
     k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
-    p = _attention_probs(q, k, mask, bias, scale)  # (*batch, Lq, Lk), float32 for half inputs
+    p, t = _attention_probs(q, k, mask, bias, scale, softcap)  # (*batch, Lq, Lk), float32 for half inputs
     keep = _keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
     dropped = _dropout(p.astype(q.dtype, copy=False), keep, dropout_p)  # (*batch, Lq, Lk)
-    return _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read)
+    return _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read,
+                            t, G)
 
 
-def _attention_probs(q, k, mask, bias, scale):
-    """``p = softmax(q kᵀ * scale + bias, mask)``, in float32 for half inputs
-    (the caller rounds it once)."""
+def _attention_probs(q, k, mask, bias, scale, softcap=None):
+    """``p = softmax(cap · tanh(q kᵀ * scale / cap) + bias, mask)`` (no cap
+    when ``softcap`` is None), in float32 for half inputs (the caller rounds
+    it once); and ``t = tanh(q kᵀ * scale / cap)`` for the backward (None
+    without a cap)."""
     scores = _upcast(q) @ np.swapaxes(_upcast(k), -1, -2) * scale  # (*batch, Lq, Lk)
+    t = None
+    if softcap is not None:
+        t = np.tanh(scores / float(softcap))  # (*batch, Lq, Lk)
+        scores = float(softcap) * t  # (*batch, Lq, Lk), in (-cap, cap)
     if bias is not None:
         scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
-    return _masked_softmax(scores, mask, -1)  # (*batch, Lq, Lk)
+    return _masked_softmax(scores, mask, -1), t  # (*batch, Lq, Lk)
 
 
-def _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read):
+def _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read,
+                     t=None, G=1):
     """The chain rule of :func:`scaled_dot_product_attention_backward`, given the
-    forward's ``p`` (unrounded), keep-mask, ``dropped = dropout(p)``, and
-    ``k``, ``v`` with their unread rows (``read``, as :func:`_read_keys`) at 0."""
+    forward's ``p`` (unrounded), keep-mask, ``dropped = dropout(p)``, ``k``,
+    ``v`` repeated to the query heads with their unread rows (``read``, as
+    :func:`_read_keys`) at 0, the soft-cap's ``t`` (or None) and the group
+    size ``G``; ``dk``, ``dv`` come back with ``H / G`` heads."""
     dv = _matmul(np.swapaxes(dropped, -1, -2), d_out)  # (*batch, Lk, Dv)
     d_dropped = _matmul(d_out, np.swapaxes(v, -1, -2))  # (*batch, Lq, Lk)
     dp = _dropout(d_dropped, keep, dropout_p)  # (*batch, Lq, Lk)
     if d_weights is not None:
         dp = dp + d_weights  # (*batch, Lq, Lk)
-    ds = _softmax_grad(p, _upcast(dp))  # (*batch, Lq, Lk)
-    dq = ds @ _upcast(k) * scale  # (*batch, Lq, Dk)
-    dk = np.swapaxes(ds, -1, -2) @ _upcast(q) * scale  # (*batch, Lk, Dk)
+    ds = _softmax_grad(p, _upcast(dp))  # (*batch, Lq, Lk): the gradient of s = cap · t + bias
+    ds_raw = ds if t is None else ds * (1.0 - t * t)  # (*batch, Lq, Lk): of q kᵀ * scale
+    dq = ds_raw @ _upcast(k) * scale  # (*batch, Lq, Dk)
+    dk = np.swapaxes(ds_raw, -1, -2) @ _upcast(q) * scale  # (*batch, Lk, Dk)
     # k = where(read, k_in, 0): an unread row passes gradient 0 back
-    grads = {"q": dq, "k": _unread_to_zero(dk, read), "v": _unread_to_zero(dv, read)}
+    dk, dv = _unread_to_zero(dk, read), _unread_to_zero(dv, read)  # (*batch, Lk, Dk|Dv)
+    # k_in = repeat_interleave(k, G, heads): a kv head gets its G query heads' sum
+    grads = {"q": dq, "k": _group_sum(dk, G), "v": _group_sum(_upcast(dv), G)}
     if bias is not None:
         grads["bias"] = _sum_to_shape(ds, bias.shape)  # bias.shape
     return {name: g.astype(q.dtype, copy=False) for name, g in grads.items()}
+
+
+def _repeat_kv(x, G):
+    """Grouped-query attention's ``k``/``v`` ``(B, Hkv, Lk, D)`` repeated to
+    the query heads, ``(B, H, Lk, D)`` with head ``h`` = ``x[:, h // G]``
+    (``repeat_interleave``); ``x`` itself for ``G = 1``."""
+    return x if G == 1 else np.repeat(x, G, axis=1)
+
+
+def _group_sum(g, G):
+    """The transpose of :func:`_repeat_kv`: ``(B, H, Lk, D) -> (B, H / G, Lk, D)``,
+    the sum over each group of ``G`` consecutive heads."""
+    if G == 1:
+        return g
+    B, H = g.shape[:2]
+    return g.reshape(B, H // G, G, *g.shape[2:]).sum(axis=2)  # (B, Hkv, Lk, D)
 
 
 # --------------------------------------------------------------------------
@@ -305,7 +360,7 @@ def _additive_hidden(query, keys, params):
 
 def multi_head_attention(
     query, key, value, params, num_heads, *, mask=None, bias=None,
-    dropout_p=0.0, dropout_mask=None, rng=None,
+    dropout_p=0.0, dropout_mask=None, rng=None, num_kv_heads=None, rope=None, rope_base=10000.0,
 ):
     """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
 
@@ -313,28 +368,39 @@ def multi_head_attention(
     ``out = concat(head_1 .. head_H) @ w_o + b_o`` (with biases ``b_q``,
     ``b_k``, ``b_v`` on the projections), attention scaled by ``1/sqrt(Dh)``.
 
+    Grouped-query attention (``num_kv_heads = Hkv < H``): ``key w_k`` and
+    ``value w_v`` have ``Hkv`` heads of ``Dh``, and query head ``h`` attends
+    key/value head ``h // (H / Hkv)``. Rotary embedding (``rope``): after the
+    head split, the query heads are rotated at positions ``arange(Lq)`` and
+    the key heads at ``arange(Lk)`` (:func:`~numpy_ref.variants.rotary_embedding`).
+
     Args:
       query: ``(B, Lq, D)``.
       key, value: ``(B, Lk, D)`` (``Lq != Lk`` is cross-attention).
-      params: ``{"w_q", "w_k", "w_v", "w_o": (D, D), "b_q", "b_k", "b_v",
-        "b_o": (D,)}``, ``y = x @ w + b``.
+      params: ``{"w_q", "w_o": (D, D), "w_k", "w_v": (D, Hkv·Dh), "b_q",
+        "b_o": (D,), "b_k", "b_v": (Hkv·Dh,)}``, ``y = x @ w + b``.
       num_heads: ``H``; must divide ``D``.
       mask, bias: optional, broadcastable to ``(B, H, Lq, Lk)``.
       dropout_p, dropout_mask, rng: dropout on the attention weights;
         ``dropout_mask (B, H, Lq, Lk)``.
+      num_kv_heads: ``Hkv``, dividing ``H`` (None: ``H``).
+      rope: None, ``"half"`` or ``"interleaved"``, the rotary convention.
+      rope_base: the rotary ``base``.
 
     Returns:
       ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
       A fully masked query row has weights 0 and a zero concat row, so its
       ``out`` row is ``b_o``.
     """
-    rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)  # SPEC 3.8
+    Hkv = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
+                    num_kv_heads, rope, rope_base)  # SPEC 3.8
     # SPEC 3.4a: a position no query of any head may attend is never read
     read = _read_positions(_read_keys(mask, bias))  # (B|1, Lk, 1) or None
     key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
-    # 1) project, 2) split heads
-    qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
-    # 3) attend (which zeroes the keys a single head does not read)
+    # 1) project, 2) split heads, rotate
+    qh, kh, vh = _project_heads(query, key, value, params, num_heads, Hkv)  # (B, H|Hkv, Lq|Lk, Dh)
+    qh, kh = _rope_heads(qh, kh, rope, rope_base)  # (B, H, Lq, Dh), (B, Hkv, Lk, Dh)
+    # 3) attend (which zeroes the keys a single head does not read; GQA from the shapes)
     heads, weights = scaled_dot_product_attention(
         qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng
     )  # (B, H, Lq, Dh), (B, H, Lq, Lk)
@@ -346,13 +412,15 @@ def multi_head_attention(
 
 def multi_head_attention_backward(
     d_out, query, key, value, params, num_heads, *, mask=None, bias=None,
-    dropout_p=0.0, dropout_mask=None, rng=None,
+    dropout_p=0.0, dropout_mask=None, rng=None, num_kv_heads=None, rope=None, rope_base=10000.0,
 ):
     """Gradient of :func:`multi_head_attention`, the forward steps in reverse.
 
     ``d_concat = d_out w_oᵀ``, ``dw_o = concatᵀ d_out``, ``db_o = sum d_out``;
-    split ``d_concat`` into heads; :func:`scaled_dot_product_attention_backward`;
-    merge the head gradients; for each projection ``y = x w + b``,
+    split ``d_concat`` into heads; :func:`scaled_dot_product_attention_backward`
+    (which sums the key/value gradients of each query group); the rotary
+    embedding's backward on the query and key heads (the rotation by
+    ``-angle``); merge the head gradients; for each projection ``y = x w + b``,
     :func:`~numpy_ref.layers.linear_backward`: ``dx = dy wᵀ``, ``dw = xᵀ dy``,
     ``db = sum dy``. The forward runs once; its softmax, keep-mask and
     dropped weights feed the backward. ``key`` and ``value`` (and, per head,
@@ -363,8 +431,8 @@ def multi_head_attention_backward(
       d_out: cotangent of ``out`` ``(B, Lq, D)``, or a tuple
         ``(d_out, d_weights)`` with ``d_weights (B, H, Lq, Lk)`` or None.
       query, key, value, params, num_heads, mask, bias, dropout_p,
-        dropout_mask, rng: as for the forward; ``dropout_p > 0`` needs the
-        ``dropout_mask`` it ran with.
+        dropout_mask, rng, num_kv_heads, rope, rope_base: as for the forward;
+        ``dropout_p > 0`` needs the ``dropout_mask`` it ran with.
 
     Returns:
       ``{"query", "key", "value", "params": {8 keys}}`` and ``"bias"`` when
@@ -372,7 +440,8 @@ def multi_head_attention_backward(
       caller sums the three gradients. ``b_k``'s gradient is 0 up to rounding:
       ``q · b_k`` shifts a whole score row, which the softmax ignores.
     """
-    rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask)  # SPEC 3.8
+    Hkv = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
+                    num_kv_heads, rope, rope_base)  # SPEC 3.8
     rules.require_mask(dropout_p, dropout_mask, "dropout_p", "dropout_mask")  # the forward's keep-mask
     (B, Lq, D), Lk = query.shape, key.shape[1]
     d_out, d_weights = rules.cotangents(  # query's dtype, out's and weights' shapes
@@ -383,10 +452,13 @@ def multi_head_attention_backward(
     read_h = _read_keys(mask, bias)  # (B|1, H|1, Lk, 1) or None, per head
     read = _read_positions(read_h)  # (B|1, Lk, 1) or None, any head
     key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
-    qh, kh, vh = _project_heads(query, key, value, params, num_heads)  # (B, H, Lq|Lk, Dh)
+    qh, kh, vh = _project_heads(query, key, value, params, num_heads, Hkv)  # (B, H|Hkv, Lq|Lk, Dh)
+    qh, kh = _rope_heads(qh, kh, rope, rope_base)  # (B, H, Lq, Dh), (B, Hkv, Lk, Dh)
+    G = num_heads // Hkv
+    kh, vh = _repeat_kv(kh, G), _repeat_kv(vh, G)  # (B, H, Lk, Dh): query head h reads kv head h // G
     kh, vh = _unread_to_zero(kh, read_h), _unread_to_zero(vh, read_h)  # (B, H, Lk, Dh)
     scale = _scale(qh, None)
-    p = _attention_probs(qh, kh, mask, bias, scale)  # (B, H, Lq, Lk), float32 for half
+    p, _ = _attention_probs(qh, kh, mask, bias, scale)  # (B, H, Lq, Lk), float32 for half
     keep = _keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
     dropped = _dropout(p.astype(query.dtype, copy=False), keep, dropout_p)  # (B, H, Lq, Lk)
     concat = _merge_heads(_matmul(dropped, vh))  # (B, Lq, D)
@@ -397,14 +469,15 @@ def multi_head_attention_backward(
     d_heads = _split_heads(g_o["x"], num_heads)  # (B, H, Lq, Dh)
     # 3) attend
     g = _attention_grads(
-        d_heads, d_weights, qh, kh, vh, bias, scale, dropout_p, p, keep, dropped, read_h
-    )  # q: (B, H, Lq, Dh), k/v: (B, H, Lk, Dh)
-    # 2) split heads
-    dq, dk, dv = (_merge_heads(g[n]) for n in ("q", "k", "v"))  # (B, Lq, D), (B, Lk, D) x2
+        d_heads, d_weights, qh, kh, vh, bias, scale, dropout_p, p, keep, dropped, read_h, None, G
+    )  # q: (B, H, Lq, Dh), k/v: (B, Hkv, Lk, Dh), summed over each query group
+    # 2) split heads, rotate: the rotation by -angle
+    dqh, dkh = _rope_heads(g["q"], g["k"], rope, rope_base, sign=-1.0)  # (B, H|Hkv, Lq|Lk, Dh)
+    dq, dk, dv = (_merge_heads(x) for x in (dqh, dkh, g["v"]))  # (B, Lq, D), (B, Lk, Hkv·Dh) x2
     # 1) project
     g_q = linear_backward(dq, query, params["w_q"], params["b_q"])  # x (B, Lq, D)
-    g_k = linear_backward(dk, key, params["w_k"], params["b_k"])  # x (B, Lk, D)
-    g_v = linear_backward(dv, value, params["w_v"], params["b_v"])  # x (B, Lk, D)
+    g_k = linear_backward(dk, key, params["w_k"], params["b_k"])  # x (B, Lk, D), w (D, Hkv·Dh)
+    g_v = linear_backward(dv, value, params["w_v"], params["b_v"])  # x (B, Lk, D), w (D, Hkv·Dh)
     # key = where(read, key_in, 0): an unread position passes gradient 0 back
     d_key, d_value = _unread_to_zero(g_k["x"], read), _unread_to_zero(g_v["x"], read)  # (B, Lk, D)
     grads = {
@@ -419,13 +492,23 @@ def multi_head_attention_backward(
     return grads
 
 
-def _project_heads(query, key, value, params, num_heads):
+def _project_heads(query, key, value, params, num_heads, num_kv_heads=None):
+    Hkv = num_heads if num_kv_heads is None else num_kv_heads
     # 1) project
     q = _matmul(query, params["w_q"]) + params["b_q"]  # (B, Lq, D)
-    k = _matmul(key, params["w_k"]) + params["b_k"]  # (B, Lk, D)
-    v = _matmul(value, params["w_v"]) + params["b_v"]  # (B, Lk, D)
+    k = _matmul(key, params["w_k"]) + params["b_k"]  # (B, Lk, Hkv·Dh)
+    v = _matmul(value, params["w_v"]) + params["b_v"]  # (B, Lk, Hkv·Dh)
     # 2) split heads
-    return tuple(_split_heads(x, num_heads) for x in (q, k, v))  # (B, H, L, Dh)
+    return _split_heads(q, num_heads), _split_heads(k, Hkv), _split_heads(v, Hkv)  # (B, H|Hkv, L, Dh)
+
+
+def _rope_heads(qh, kh, rope, base, positions=None, sign=1.0):
+    """The rotary embedding of query and key heads at ``positions`` (None:
+    ``arange(L)`` of each); ``sign=-1`` is its backward; no-op for ``rope`` None."""
+    if rope is None:
+        return qh, kh
+    return (_rotary(qh, positions, base, rope, sign),
+            _rotary(kh, positions, base, rope, sign))  # (B, H, Lq, Dh), (B, Hkv, Lk, Dh)
 
 
 def _split_heads(x, num_heads):
@@ -443,19 +526,23 @@ def _merge_heads(x):
 # --------------------------------------------------------------------------
 
 
-def init_multi_head_attention(rng, d_model, dtype=np.float64):
+def init_multi_head_attention(rng, d_model, dtype=np.float64, *, num_heads=None, num_kv_heads=None):
     """Parameters for :func:`multi_head_attention`.
 
     Weights ``(D, D)`` Xavier-uniform, ``U(-a, a)`` with
     ``a = sqrt(6 / (D + D))``; biases zero ``(D,)``, as ``nn.MultiheadAttention``.
+    With ``num_kv_heads`` (grouped-query attention, ``num_heads`` then
+    needed): ``w_k``, ``w_v`` are ``(D, Hkv·Dh)``, ``a = sqrt(6 / (D + Hkv·Dh))``,
+    ``b_k``, ``b_v`` zero ``(Hkv·Dh,)``. Drawn in the order q, k, v, o.
     ``rng``: a ``numpy.random.Generator`` (or a seed, or None).
     """
     rng, dtype = _generator(rng), float_dtype(dtype)
-    (d_model,) = rules.widths(d_model=d_model)  # a positive int
+    d_model, H, Hkv = rules.init_mha(d_model, num_heads, num_kv_heads)  # positive ints, Hkv | H | D
+    d_kv = d_model if Hkv is None else Hkv * (d_model // H)  # Hkv·Dh
     params = {}
-    for name in ("q", "k", "v", "o"):
-        params[f"w_{name}"] = _xavier_uniform(rng, d_model, d_model, dtype)
-        params[f"b_{name}"] = np.zeros(d_model, dtype=dtype)
+    for name, width in (("q", d_model), ("k", d_kv), ("v", d_kv), ("o", d_model)):
+        params[f"w_{name}"] = _xavier_uniform(rng, d_model, width, dtype)
+        params[f"b_{name}"] = np.zeros(width, dtype=dtype)
     return params
 
 

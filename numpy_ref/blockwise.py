@@ -49,18 +49,28 @@ blocks they mask entirely. ``mask`` and ``bias`` arrays are sliced per block
 the whole recurrence in float32 and rounds ``out`` once; ``lse`` stays
 float32 (as FlashAttention's).
 
-Shape legend: ``*batch`` is ``(B,)`` or ``(B, H)``; ``Lq``, ``Lk`` query and
-key lengths; ``Dk``, ``Dv`` key and value widths; ``bq``, ``bk`` the sizes of
-one block.
+Variants, per block: soft-capping ``s = cap · tanh(q kᵀ · scale / cap)``
+(its backward multiplies ``dS`` by ``1 - tanh²`` before the products), ALiBi
+``s += -slope_h · |p_i - j|`` from the block's positions (``d slope_h =
+-Σ dS_hij |p_i - j|``), and grouped-query attention (``k``, ``v`` with
+``Hkv`` heads repeated to the ``H`` query heads; their gradients summed over
+each group).
+
+Shape legend: ``*batch`` is ``(B,)`` or ``(B, H)``; ``Hkv`` key/value heads;
+``Lq``, ``Lk`` query and key lengths; ``Dk``, ``Dv`` key and value widths;
+``bq``, ``bk`` the sizes of one block.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
 from ._checks import rules
 from ._contract import blocks as _blocks
-from .attention import _scale, _sum_to_shape
+from .attention import _group_sum, _repeat_kv, _scale, _sum_to_shape
 from .layers import _upcast
+from .variants import _distance
 
 __all__ = ["blockwise_attention", "blockwise_attention_backward", "block_schedule"]
 
@@ -87,19 +97,26 @@ def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=Non
 
 
 def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *,
-                        block_q=128, block_k=128, causal=False, window=None, align="top_left"):
+                        block_q=128, block_k=128, causal=False, window=None, align="top_left",
+                        softcap=None, alibi_slopes=None):
     """Scaled dot-product attention by the online softmax, one block of scores at a time.
 
-    ``out = softmax(q kᵀ · scale + bias, valid) v`` and
-    ``lse = log Σ_valid exp(q kᵀ · scale + bias)`` per query row, where a score
-    is valid iff ``mask`` allows it, the causal/window structure allows it and
-    it is not ``-inf``. Equal to :func:`scaled_dot_product_attention`'s ``out``
-    with ``mask & sliding_window_mask(...)``, for every block size.
+    ``out = softmax(s, valid) v`` and ``lse = log Σ_valid exp(s)`` per query
+    row, with ``s = q kᵀ · scale + bias``, where a score is valid iff ``mask``
+    allows it, the causal/window structure allows it and it is not ``-inf``.
+    Equal to :func:`scaled_dot_product_attention`'s ``out`` with
+    ``mask & sliding_window_mask(...)``, for every block size. With
+    ``softcap``, ``s = cap · tanh(q kᵀ · scale / cap) + bias``; with
+    ``alibi_slopes``, ``s += -slope_h · |p_i - j|`` (after the cap), which is
+    the dense function with ``bias + alibi_bias(H, Lq, Lk, align=align,
+    symmetric=True)``.
 
     Args:
       q: ``(*batch, Lq, Dk)``; ``*batch`` is ``(B,)`` or ``(B, H)``.
-      k: ``(*batch, Lk, Dk)``.
-      v: ``(*batch, Lk, Dv)``.
+      k: ``(*batch, Lk, Dk)``; for rank 4 also ``(B, Hkv, Lk, Dk)`` with
+        ``Hkv`` dividing ``H`` (grouped-query: query head ``h`` reads
+        key/value head ``h // (H / Hkv)``).
+      v: ``(*batch, Lk, Dv)``, heads as ``k``.
       mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
       bias: optional float, broadcastable to ``(*batch, Lq, Lk)``, added to
         the scores; ``-inf`` entries count as masked.
@@ -109,22 +126,29 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *,
       window: None or ``(left, right)``: position ``p`` sees keys
         ``p - left <= j <= p + right`` (a None side is unbounded).
       align: ``"top_left"`` (query ``i`` at position ``i``) or
-        ``"bottom_right"`` (at ``i + Lk - Lq``), as :func:`causal_mask`.
+        ``"bottom_right"`` (at ``i + Lk - Lq``), as :func:`causal_mask`; also
+        the positions ``p_i`` of ALiBi.
+      softcap: None or a positive float, the cap of the scores.
+      alibi_slopes: None or float ``(H,)`` or ``(B, H)`` (rank 4 only), the
+        ALiBi slope of each head (:func:`~numpy_ref.variants.alibi_slopes`).
 
     Returns:
       ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; a row with no valid score
       has ``out = 0`` and ``lse = -inf``. ``lse`` is float32 for half inputs.
     """
     block_q, block_k, window = rules.blockwise(  # SPEC 3.22: sdpa's arrays, block sizes, window
-        q, k, v, mask, bias, scale, block_q, block_k, causal, window, align)
+        q, k, v, mask, bias, scale, block_q, block_k, causal, window, align, softcap, alibi_slopes)
     sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
-    out, lse = _forward(q, k, v, mask, bias, _scale(q, scale), sched)
+    G = _group_size(q, k)
+    k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
+    out, lse = _forward(q, k, v, mask, bias, _Scores(_scale(q, scale), softcap, alibi_slopes), sched)
     return out.astype(q.dtype, copy=False), lse  # rounded once
 
 
 def blockwise_attention_backward(d_out, q, k, v, mask=None, bias=None, scale=None, *,
                                  block_q=128, block_k=128, causal=False, window=None,
-                                 align="top_left", out=None, lse=None):
+                                 align="top_left", softcap=None, alibi_slopes=None,
+                                 out=None, lse=None):
     """Gradient of :func:`blockwise_attention`, from ``(out, lse)`` alone.
 
     Per visited block: ``P = exp(s - lse)`` (0 where not valid), ``dV += Pᵀ dO``,
@@ -132,33 +156,63 @@ def blockwise_attention_backward(d_out, q, k, v, mask=None, bias=None, scale=Non
     ``dQ += scale · dS K``, ``dK += scale · dSᵀ Q``, ``dbias += dS`` (summed to
     bias's shape). No more than one block of scores exists at a time.
 
+    The variants, with ``s = cap · t - slope_h · |p_i - j| + bias`` and
+    ``t = tanh(q kᵀ · scale / cap)``::
+
+        dbias   += dS                              (bias's shape)
+        dslope_h += -Σ_ij dS_hij |p_i - j|         (summed to the slopes' shape)
+        dS_raw   = dS ∘ (1 - t²)                   (the cap's derivative)
+        dQ      += scale · dS_raw K,  dK += scale · dS_rawᵀ Q
+
+    and for grouped-query attention ``dK``, ``dV`` of the ``G`` query heads
+    of a group are summed (in the compute dtype, before the one rounding).
+
     Args:
       d_out: cotangent of ``out`` ``(*batch, Lq, Dv)``, or a pair
         ``(d_out, d_lse)`` with ``d_lse (*batch, Lq)``; either may be None.
-      q, k, v, mask, bias, scale, block_q, block_k, causal, window, align: as
-        for the forward.
+      q, k, v, mask, bias, scale, block_q, block_k, causal, window, align,
+        softcap, alibi_slopes: as for the forward.
       out, lse: the forward's results, when saved; recomputed when None.
 
     Returns:
-      ``{"q", "k", "v"}`` and ``"bias"`` (bias's own shape) when bias is given.
+      ``{"q", "k", "v"}`` (``k``, ``v`` with their own heads), ``"bias"``
+      (bias's own shape) when bias is given, ``"alibi_slopes"`` (their own
+      shape) when they are.
     """
     block_q, block_k, window = rules.blockwise(  # SPEC 3.22
-        q, k, v, mask, bias, scale, block_q, block_k, causal, window, align)
+        q, k, v, mask, bias, scale, block_q, block_k, causal, window, align, softcap, alibi_slopes)
     d_out, d_lse = rules.blockwise_cotangents(d_out, q, v, out, lse)  # (*batch, Lq, Dv), (*batch, Lq)
     sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
-    scale = _scale(q, scale)
+    score = _Scores(_scale(q, scale), softcap, alibi_slopes)
+    G = _group_size(q, k)
+    k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
     if out is None or lse is None:
-        out, lse = _forward(q, k, v, mask, bias, scale, sched)
-    grads = _backward(d_out, d_lse, q, k, v, mask, bias, scale, sched, _upcast(out), _upcast(lse))
+        out, lse = _forward(q, k, v, mask, bias, score, sched)
+    grads = _backward(d_out, d_lse, q, k, v, mask, bias, score, sched, _upcast(out), _upcast(lse))
+    grads["k"], grads["v"] = _group_sum(grads["k"], G), _group_sum(grads["v"], G)  # (B, Hkv, Lk, Dk|Dv)
     return {name: g.astype(q.dtype, copy=False) for name, g in grads.items()}
+
+
+class _Scores(NamedTuple):
+    """How a block's scores are made from ``q kᵀ``."""
+
+    scale: float
+    softcap: float | None  # the cap, or None
+    slopes: np.ndarray | None  # ALiBi's (H,) or (B, H), or None
+
+
+def _group_size(q, k):
+    """``G = H / Hkv`` of grouped-query attention (1 for rank 3, and for no heads)."""
+    return q.shape[1] // k.shape[1] if q.ndim == 4 and k.shape[1] else 1
 
 
 # --------------------------------------------------------------------------
 # the recurrences
 
 
-def _forward(q, k, v, mask, bias, scale, sched):
-    """The online softmax over ``sched``'s blocks: ``(out, lse)`` in the compute dtype."""
+def _forward(q, k, v, mask, bias, score, sched):
+    """The online softmax over ``sched``'s blocks: ``(out, lse)`` in the compute dtype;
+    ``k``, ``v`` already repeated to the query heads."""
     q, k, v = _upcast(q), _upcast(k), _upcast(v)  # float32 for half inputs
     batch = q.shape[:-2]
     out = np.zeros((*batch, sched.Lq, v.shape[-1]), dtype=v.dtype)  # (*batch, Lq, Dv)
@@ -168,7 +222,7 @@ def _forward(q, k, v, mask, bias, scale, sched):
         l = np.zeros_like(m)  # running sum of exp(s - m)   (*batch, bq, 1)
         acc = np.zeros((*batch, q1 - q0, v.shape[-1]), dtype=v.dtype)  # running Σ exp(s - m) v
         for k0, k1 in _key_blocks(sched, kb0, kb1):
-            s, valid, k_b, v_b, _ = _scores(q, k, v, mask, bias, scale, sched, q0, q1, k0, k1)
+            s, valid, k_b, v_b, _, _ = _scores(q, k, v, mask, bias, score, sched, q0, q1, k0, k1)
             m_new = np.maximum(m, np.max(np.where(valid, s, -np.inf), axis=-1, keepdims=True))
             m_use = np.where(m_new == -np.inf, 0, m_new)  # a row with nothing valid yet: no -inf - -inf
             alpha = np.exp(m - m_use)  # rescales the old terms; 0 while m = -inf
@@ -189,8 +243,9 @@ def _finish(m, l, acc):
     return out, lse
 
 
-def _backward(d_out, d_lse, q, k, v, mask, bias, scale, sched, out, lse):
-    """FlashAttention-2's backward over ``sched``'s blocks, from ``(out, lse)``."""
+def _backward(d_out, d_lse, q, k, v, mask, bias, score, sched, out, lse):
+    """FlashAttention-2's backward over ``sched``'s blocks, from ``(out, lse)``;
+    ``k``, ``v`` repeated to the query heads, and so are ``dk``, ``dv``."""
     q, k, v = _upcast(q), _upcast(k), _upcast(v)  # float32 for half inputs
     d_out = np.zeros_like(out) if d_out is None else _upcast(d_out)  # (*batch, Lq, Dv)
     D = np.sum(d_out * out, axis=-1)  # (*batch, Lq): rowsum(dO ∘ O) = rowsum(P ∘ dP)
@@ -202,22 +257,29 @@ def _backward(d_out, d_lse, q, k, v, mask, bias, scale, sched, out, lse):
     if bias is not None:
         bias_full = _full_rank(bias, q.ndim)  # (*batch|1, Lq|1, Lk|1)
         dbias = np.zeros(bias_full.shape, dtype=q.dtype)
+    dslopes = None if score.slopes is None else np.zeros(q.shape[:2], dtype=q.dtype)  # (B, H)
     for q0, q1, k0, k1 in sched.pairs():
-        s, valid, k_b, v_b, read = _scores(q, k, v, mask, bias, scale, sched, q0, q1, k0, k1)
+        s, valid, k_b, v_b, read, t = _scores(q, k, v, mask, bias, score, sched, q0, q1, k0, k1)
         rows = slice(q0, q1)
         p = np.where(valid, np.exp(np.where(valid, s, 0) - lse_use[..., rows, None]), 0)  # (*batch, bq, bk)
         do = d_out[..., rows, :]  # (*batch, bq, Dv)
         dv[..., k0:k1, :] += _unread(np.swapaxes(p, -1, -2) @ do, read)  # Pᵀ dO
         dp = do @ np.swapaxes(v_b, -1, -2)  # (*batch, bq, bk)
-        ds = p * (dp - D[..., rows, None])  # (*batch, bq, bk)
-        dq[..., rows, :] += ds @ k_b * scale
-        dk[..., k0:k1, :] += _unread(np.swapaxes(ds, -1, -2) @ q[..., rows, :] * scale, read)
+        ds = p * (dp - D[..., rows, None])  # (*batch, bq, bk): of s = cap · t - slope |p_i - j| + bias
         if dbias is not None:
             target = _block(bias_full, q0, q1, k0, k1)  # bias's block, broadcast axes size 1
             dbias[_block_index(bias_full, q0, q1, k0, k1)] += _sum_to_shape(ds, target.shape)
+        if dslopes is not None:
+            dslopes -= np.sum(ds * _alibi_distance(sched, q0, q1, k0, k1, q.dtype), axis=(-2, -1))  # (B, H)
+        if t is not None:
+            ds = ds * (1 - t * t)  # (*batch, bq, bk): dS_raw, of q kᵀ · scale
+        dq[..., rows, :] += ds @ k_b * score.scale
+        dk[..., k0:k1, :] += _unread(np.swapaxes(ds, -1, -2) @ q[..., rows, :] * score.scale, read)
     grads = {"q": dq, "k": dk, "v": dv}
     if dbias is not None:
         grads["bias"] = dbias.reshape(bias.shape)
+    if dslopes is not None:
+        grads["alibi_slopes"] = _sum_to_shape(dslopes, score.slopes.shape)  # (H,) or (B, H)
     return grads
 
 
@@ -225,13 +287,15 @@ def _key_blocks(sched, kb0, kb1):
     return ((kb * sched.block_k, min((kb + 1) * sched.block_k, sched.Lk)) for kb in range(kb0, kb1))
 
 
-def _scores(q, k, v, mask, bias, scale, sched, q0, q1, k0, k1):
-    """One block: ``(s, valid, k_b, v_b, read)``.
+def _scores(q, k, v, mask, bias, score, sched, q0, q1, k0, k1):
+    """One block: ``(s, valid, k_b, v_b, read, t)``.
 
-    ``valid`` combines the mask's block, the structural mask from positions
-    and ``s != -inf``; ``k_b``/``v_b`` have the rows that no query of the
-    block may read set to 0 (SPEC 3.4a, decided without the scores);
-    ``read`` ``(…, bk, 1)`` says which (None: every key).
+    ``s = cap · tanh(q kᵀ · scale / cap) - slope_h · |p_i - j| + bias`` (each
+    term when given); ``valid`` combines the mask's block, the structural
+    mask from positions and ``s != -inf``; ``k_b``/``v_b`` have the rows that
+    no query of the block may read set to 0 (SPEC 3.4a, decided without the
+    scores); ``read`` ``(…, bk, 1)`` says which (None: every key);
+    ``t = tanh(q kᵀ · scale / cap)`` (None without a cap).
     """
     allowed = None  # what the block's mask, structure and bias allow: (…, bq, bk) or None
     if mask is not None:
@@ -247,13 +311,25 @@ def _scores(q, k, v, mask, bias, scale, sched, q0, q1, k0, k1):
     if allowed is not None:
         read = np.swapaxes(np.any(allowed, axis=-2, keepdims=True), -1, -2)  # (…, bk, 1)
         k_b, v_b = np.where(read, k_b, 0), np.where(read, v_b, 0)
-    s = q[..., q0:q1, :] @ np.swapaxes(k_b, -1, -2) * scale  # (*batch, bq, bk)
+    s = q[..., q0:q1, :] @ np.swapaxes(k_b, -1, -2) * score.scale  # (*batch, bq, bk)
+    t = None
+    if score.softcap is not None:
+        t = np.tanh(s / float(score.softcap))  # (*batch, bq, bk)
+        s = float(score.softcap) * t  # (*batch, bq, bk), in (-cap, cap)
+    if score.slopes is not None:
+        slopes = _full_rank(_upcast(score.slopes), 2)[..., None, None]  # (B|1, H, 1, 1)
+        s = s - slopes * _alibi_distance(sched, q0, q1, k0, k1, s.dtype)  # (B, H, bq, bk)
     if bias_b is not None:
         s = s + bias_b
     valid = s != -np.inf
     if allowed is not None:
         valid = valid & allowed
-    return s, valid, k_b, v_b, read
+    return s, valid, k_b, v_b, read, t
+
+
+def _alibi_distance(sched, q0, q1, k0, k1, dtype):
+    """ALiBi's ``|p_i - j|`` of one block from positions, ``p_i = i + offset``: ``(bq, bk)``."""
+    return np.abs(_distance(q0, q1, k0, k1, sched.offset, dtype))
 
 
 def _structure(sched, q0, q1, k0, k1):

@@ -10,7 +10,7 @@ when the cache is made.
 A cache is data, passed in and returned, never hidden state (so JAX can jit
 one step for every position). An attention cache::
 
-    {"k": (B, H, C, Dh), "v": (B, H, C, Dh), "length": 0-d int64}
+    {"k": (B, Hkv, C, Dh), "v": (B, Hkv, C, Dh), "length": 0-d int64}
 
 holds ``C`` slots (the capacity); slots ``[0, length)`` are filled, the rest
 are zeros and are never read: the attention mask leaves them out and
@@ -28,9 +28,15 @@ the outputs of one full causal pass,
 decoder(x, memory, params, H, self_mask=causal_mask(L))`` (float64: to
 1e-12). Evaluation only: the cached functions have no dropout.
 
-Shape letters: ``B`` batch, ``H`` heads, ``T`` new tokens of one step, ``C``
-cache capacity, ``L`` target length, ``S`` source (memory) length, ``D``
-model width, ``Dh = D / H``.
+With grouped-query attention the cache holds ``Hkv`` key/value heads, which
+is its point (``H / Hkv`` times less memory); with rotary embeddings it holds
+the keys rotated at their absolute positions (as Hugging Face's caches), so
+a step rotates only its new keys and queries, at ``length + t``.
+
+Shape letters: ``B`` batch, ``H`` heads, ``Hkv`` key/value heads (``H``
+unless grouped-query), ``T`` new tokens of one step, ``C`` cache capacity,
+``L`` target length, ``S`` source (memory) length, ``D`` model width,
+``Dh = D / H``.
 """
 from __future__ import annotations
 
@@ -38,7 +44,14 @@ import numpy as np
 
 from ._checks import float_dtype, rules
 from ._contract.checks import DECODER_DROPOUT_SITES
-from .attention import _merge_heads, _project_heads, _split_heads, scaled_dot_product_attention
+from .attention import (
+    _merge_heads,
+    _project_heads,
+    _rope_heads,
+    _split_heads,
+    multi_head_attention_backward,
+    scaled_dot_product_attention,
+)
 from .decoder import _DecoderSublayers, decoder_backward
 from .layers import _matmul, layer_norm
 from .masks import causal_mask
@@ -46,6 +59,8 @@ from .masks import causal_mask
 __all__ = [
     "init_attention_cache",
     "self_attention_step",
+    "self_attention_incremental",
+    "self_attention_incremental_backward",
     "init_decoder_layer_cache",
     "decoder_layer_step",
     "init_decoder_cache",
@@ -59,7 +74,8 @@ __all__ = [
 # one self-attention
 
 
-def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=np.float64):
+def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=np.float64, *,
+                         num_kv_heads=None):
     """An empty attention cache: ``C`` slots of zeros, length 0.
 
     Args:
@@ -69,74 +85,166 @@ def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=np.floa
       d_model: ``D``.
       dtype: the float dtype of the keys and values (that of the ``x`` the
         steps will take).
+      num_kv_heads: ``Hkv``, dividing ``H`` (None: ``H``).
 
     Returns:
-      ``{"k": (B, H, C, Dh), "v": (B, H, C, Dh), "length": int64 0}``.
+      ``{"k": (B, Hkv, C, Dh), "v": (B, Hkv, C, Dh), "length": int64 0}``.
     """
     B, H, C, D = rules.init_attention_cache(batch_size, num_heads, capacity, d_model)  # H divides D
-    return _empty_cache(B, H, C, D, float_dtype(dtype))
+    Hkv = rules.kv_heads(num_kv_heads, H)  # divides H
+    return _empty_cache(B, H, C, D, float_dtype(dtype), Hkv)
 
 
-def self_attention_step(x, params, num_heads, cache):
+def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=None,
+                        rope_base=10000.0):
     """Multi-head self-attention of ``T`` new tokens over the cached ones.
 
     ``k, v = split(x w_k + b_k), split(x w_v + b_v)`` are written into slots
     ``[length, length + T)`` of a copy of the cache; the query of new token
     ``t``, ``q_t = split(x_t w_q + b_q)``, sits at position ``p = length + t``
     and attends the slots ``j <= p``;
-    ``out = concat(softmax(q kᵀ / sqrt(Dh), j <= p) v) w_o + b_o``.
-    Steps over consecutive chunks of ``x`` therefore equal
-    ``multi_head_attention(x, x, x, params, H, mask=causal_mask(L))``.
+    ``out = concat(softmax(q kᵀ / sqrt(Dh), j <= p) v) w_o + b_o``, query
+    head ``h`` reading key/value head ``h // (H / Hkv)``. With ``rope``, ``q``
+    and ``k`` are rotated at their positions ``length + t`` before ``k`` is
+    written (the cache holds rotated keys). Steps over consecutive chunks of
+    ``x`` therefore equal ``multi_head_attention(x, x, x, params, H,
+    mask=causal_mask(L), num_kv_heads=Hkv, rope=rope, rope_base=rope_base)``.
 
     Args:
       x: ``(B, T, D)``, the new tokens; ``T`` may be 0.
       params: multi-head attention params ``{"w_q", "b_q", ..., "b_o"}``.
       num_heads: ``H``.
-      cache: an attention cache of ``x``'s batch size, ``H`` heads, head
+      cache: an attention cache of ``x``'s batch size, ``Hkv`` heads, head
         width ``D / H`` and dtype, with room for ``T`` more tokens
         (``length + T <= C``, else ValueError).
+      num_kv_heads: ``Hkv`` (None: ``H``).
+      rope: None, ``"half"`` or ``"interleaved"``.
+      rope_base: the rotary ``base``.
 
     Returns:
       ``(out (B, T, D), new_cache)``; ``new_cache`` has length ``length + T``.
     """
-    rules.self_attention_step(x, params, num_heads, cache)  # x, params, the cache's shape, dtype, room
-    return _self_attention_step(x, params, num_heads, cache)
+    Hkv = rules.self_attention_step(  # x, params, the cache's shape, dtype, room; rope
+        x, params, num_heads, cache, num_kv_heads, rope, rope_base)
+    return _self_attention_step(x, params, num_heads, cache, Hkv, rope, rope_base)
 
 
-def _self_attention_step(x, params, num_heads, cache):
+def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=None,
+                         rope_base=10000.0):
     length, (_, T, _) = int(cache["length"]), x.shape
     C = cache["k"].shape[2]
-    # 1) project the new tokens, 2) split heads
-    q, k, v = _project_heads(x, x, x, params, num_heads)  # (B, H, T, Dh)
+    positions = length + np.arange(T)  # (T,): the absolute positions of the new tokens
+    # 1) project the new tokens, 2) split heads, rotate at their positions
+    q, k, v = _project_heads(x, x, x, params, num_heads, num_kv_heads)  # (B, H|Hkv, T, Dh)
+    q, k = _rope_heads(q, k, rope, rope_base, positions)  # (B, H, T, Dh), (B, Hkv, T, Dh)
     # 3) write their keys and values into slots [length, length + T) of a copy
-    k_all = _written(cache["k"], k, length)  # (B, H, C, Dh)
-    v_all = _written(cache["v"], v, length)  # (B, H, C, Dh)
+    k_all = _written(cache["k"], k, length)  # (B, Hkv, C, Dh)
+    v_all = _written(cache["v"], v, length)  # (B, Hkv, C, Dh)
     # 4) attend: the query at position p = length + t sees the slots j <= p, which is
     #    causal_mask(T, length + T, align="bottom_right") over the filled slots and
     #    False beyond them: the slots [length + T, C) are seen by no query, so never read
-    positions = length + np.arange(T)  # (T,)
     mask = np.arange(C)[None, :] <= positions[:, None]  # (T, C)
     out = _attend(q, k_all, v_all, mask, params)  # (B, T, D)
     return out, {"k": k_all, "v": v_all, "length": np.array(length + T, dtype=np.int64)}
 
 
-def _empty_cache(B, H, C, D, dtype):
-    zeros = np.zeros((B, H, C, D // H), dtype=dtype)  # (B, H, C, Dh)
+def _empty_cache(B, H, C, D, dtype, Hkv=None):
+    Hkv = H if Hkv is None else Hkv
+    zeros = np.zeros((B, Hkv, C, D // H), dtype=dtype)  # (B, Hkv, C, Dh)
     return {"k": zeros, "v": zeros.copy(), "length": np.array(0, dtype=np.int64)}
 
 
 def _written(slots, new, start):
-    """A copy of ``slots (B, H, C, Dh)`` with ``new (B, H, T, Dh)`` in ``[start, start + T)``."""
+    """A copy of ``slots (B, Hkv, C, Dh)`` with ``new (B, Hkv, T, Dh)`` in ``[start, start + T)``."""
     out = slots.copy()  # the cache passed in is never modified
     out[:, :, start:start + new.shape[2]] = new
-    return out  # (B, H, C, Dh)
+    return out  # (B, Hkv, C, Dh)
 
 
 def _attend(q, k, v, mask, params):
     """Attention of projected heads, then the output projection:
-    ``concat(softmax(q kᵀ / sqrt(Dh), mask) v) w_o + b_o``."""
+    ``concat(softmax(q kᵀ / sqrt(Dh), mask) v) w_o + b_o`` (grouped-query
+    when ``k``, ``v`` have fewer heads than ``q``)."""
     heads, _ = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T, Dh)
     return _matmul(_merge_heads(heads), params["w_o"]) + params["b_o"]  # (B, T, D)
+
+
+def self_attention_incremental(x, params, num_heads, *, chunks, num_kv_heads=None, rope=None,
+                               rope_base=10000.0):
+    """Self-attention run chunk by chunk through its cache.
+
+    An empty cache of capacity ``L`` (:func:`init_attention_cache`), then
+    :func:`self_attention_step` on the consecutive chunks ``x[:, s:s + T]``,
+    the outputs concatenated. By the law of the cache this equals
+    ``multi_head_attention(x, x, x, params, H, mask=causal_mask(L),
+    num_kv_heads=Hkv, rope=rope, rope_base=rope_base)[0]`` for every split of
+    ``L`` into chunks.
+
+    Args:
+      x: ``(B, L, D)``.
+      params: multi-head attention params (``w_k``, ``w_v`` ``(D, Hkv·Dh)``).
+      num_heads: ``H``.
+      chunks: ints ``>= 0`` summing to ``L``: the tokens of each step.
+      num_kv_heads, rope, rope_base: as for :func:`self_attention_step`.
+
+    Returns:
+      ``(B, L, D)``.
+    """
+    chunks, Hkv = rules.self_attention_incremental(  # x, params, rope; chunks: ints >= 0 summing to L
+        x, params, num_heads, chunks, num_kv_heads, rope, rope_base)
+    (B, L, D) = x.shape
+    cache = _empty_cache(B, num_heads, L, D, x.dtype, Hkv)  # (B, Hkv, L, Dh)
+    outs, start = [], 0
+    for T in chunks:
+        out, cache = _self_attention_step(x[:, start:start + T], params, num_heads, cache, Hkv,
+                                          rope, rope_base)  # (B, T, D)
+        outs.append(out)
+        start += T
+    return np.concatenate(outs, axis=1) if outs else np.zeros_like(x)  # (B, L, D)
+
+
+def self_attention_incremental_backward(d_out, x, params, num_heads, *, chunks, num_kv_heads=None,
+                                        rope=None, rope_base=10000.0):
+    """Gradient of :func:`self_attention_incremental`, step by step.
+
+    By the law of the cache the function is ``f(x) = multi_head_attention(x,
+    x, x, params, H, mask=causal_mask(L), ...)[0]``, whose ``x`` is the query,
+    the key and the value::
+
+        dx = d_query + d_key + d_value       (B, L, D)
+
+    and, as :func:`decoder_incremental_backward`, the gradient is the sum over
+    the steps of the full pass's gradient for that step's rows of ``d_out``
+    alone, summed one step at a time in the working dtype.
+
+    Args:
+      d_out: cotangent of the output, ``(B, L, D)``.
+      x, params, num_heads, chunks, num_kv_heads, rope, rope_base: as for the
+        forward.
+
+    Returns:
+      ``{"x": (B, L, D), "params": {8 keys}}``.
+    """
+    chunks, Hkv = rules.self_attention_incremental(  # as the forward
+        x, params, num_heads, chunks, num_kv_heads, rope, rope_base)
+    rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
+
+    def full_pass_backward(d):
+        g = multi_head_attention_backward(d, x, x, x, params, num_heads,
+                                          mask=causal_mask(x.shape[1]), num_kv_heads=Hkv,
+                                          rope=rope, rope_base=rope_base)
+        return {"x": g["query"] + g["key"] + g["value"], "params": g["params"]}  # x (B, L, D)
+
+    grads, start = None, 0
+    for n in chunks:
+        if n == 0:  # an empty step contributes nothing
+            continue
+        rows = np.zeros(x.shape[1], dtype=bool)
+        rows[start:start + n] = True
+        step = full_pass_backward(np.where(rows[None, :, None], d_out, d_out.dtype.type(0)))
+        grads = step if grads is None else _sum_grads(grads, step)
+        start += n
+    return full_pass_backward(d_out) if grads is None else grads  # L = 0: no step at all
 
 
 # --------------------------------------------------------------------------
