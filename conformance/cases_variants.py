@@ -68,7 +68,7 @@ def _group_unread(valid, Hkv):
 def _rope(r, rank=3, positions=None, convention="half", base=10000.0):
     shape = (B, L, 8) if rank == 3 else (B, 3, L, 8)
     pos = None
-    if positions == "offset":  # a cache's decode steps: absolute positions 6..10
+    if positions == "shifted":  # a cache's decode steps: absolute positions 6..10
         pos = np.arange(6, 6 + L)
     elif positions == "per-sequence":  # left padding: batch 0 starts at its third token
         pos = np.array([[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])
@@ -81,8 +81,8 @@ def _rope(r, rank=3, positions=None, convention="half", base=10000.0):
 
 for _conv in ("half", "interleaved"):
     _case(f"positional/rope/{_conv}/rank3", _ROPE, partial(_rope, convention=_conv))
-    _case(f"positional/rope/{_conv}/rank4/offset-positions", _ROPE,
-          partial(_rope, rank=4, positions="offset", convention=_conv),
+    _case(f"positional/rope/{_conv}/rank4/shifted-positions", _ROPE,
+          partial(_rope, rank=4, positions="shifted", convention=_conv),
           note="positions (L,) = 6..10, the same for every sequence and head (a cached decode step)")
     _case(f"positional/rope/{_conv}/rank4/per-sequence-positions", _ROPE,
           partial(_rope, rank=4, positions="per-sequence", convention=_conv),
@@ -99,7 +99,7 @@ _case("positional/rope/interleaved/base500", _ROPE, partial(_rope, convention="i
 
 def _rope_bad(**change):
     def build(r):
-        kw = _rope(r, positions="offset")
+        kw = _rope(r, positions="shifted")
         kw.update({k: fn(kw, r) for k, fn in change.items()})
         return kw
     return build
@@ -318,7 +318,7 @@ _err("blockwise/gqa-heads-indivisible", _BW, "ValueError", "k",
 
 def _params(r, D, H, Hkv):
     """mha params with k and v projected to Hkv heads of D / H."""
-    s, Dkv = 1.0 / np.sqrt(D), Hkv * (D // H)
+    s, Dkv = 1.0 / np.sqrt(D), (Hkv or H) * (D // H)
     return {
         "w_q": _normal(r, D, D, scale=s), "b_q": _normal(r, D, scale=0.1),
         "w_k": _normal(r, D, Dkv, scale=s), "b_k": _normal(r, Dkv, scale=0.1),

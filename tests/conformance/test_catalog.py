@@ -91,7 +91,8 @@ def max_change(a: dict, b: dict) -> float:
 
 def noise(outputs: dict) -> float:
     """What float64 rounding can move an output by: ``ZERO_RTOL`` of its size."""
-    sizes = [float(np.max(np.abs(o), initial=0)) for o in outputs.values() if np.size(o)]
+    sizes = [float(np.max(np.abs(o[np.isfinite(o)]), initial=0)) for o in map(np.asarray, outputs.values())
+             if np.size(o)]  # finite entries: a blockwise lse is -inf on an empty row
     return ZERO_RTOL * max([1.0, *sizes])
 
 
@@ -461,7 +462,7 @@ def test_gqa_cases_group_heads_and_mqa_cases_share_one(name):
     """"gqa": 1 < Hkv < H, and head h // G differs from h % Hkv for some h (a
     backend with the wrong mapping fails); "mqa": Hkv = 1."""
     H, Hkv = kv_heads(CASES_BY_NAME[name].call())
-    if "mqa" in name.split("/")[1]:
+    if any(part.startswith("mqa") for part in name.split("/")):
         assert Hkv == 1 < H
     else:
         assert 1 < Hkv < H and H % Hkv == 0

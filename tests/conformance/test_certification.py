@@ -407,3 +407,97 @@ def test_a_flash_kernel_that_ignores_the_alignment_fails_the_bottom_right_cases(
                       "blockwise/window/causal-band", "blockwise/window+bias+padding"}
     # (blockwise/poison/causal-tall-mixed is bottom-right too, but every output of a poison
     # case is under the declared reads-masked-keys: a declaration excuses what it names)
+
+
+# --------------------------------------------------------------------------
+# a Llama-style block: GQA, RoPE and a KV cache (conformance/cases_variants.py)
+
+
+LLAMA_EXAMPLE = "conformance.examples.my_llama_backend"
+LLAMA_SELECT = "rope or gqa or mqa or incremental"
+#: the Llama block's grouped cases with 1 < Hkv < H: h // G and h % Hkv differ there
+LLAMA_GROUPED = {"mha/gqa/self/causal", "mha/gqa/cross/padding", "mha/gqa/rope-half/self/causal",
+                 "mha/gqa/rope-interleaved/self/padding+causal", "mha/incremental/gqa-rope/prefill2-singles",
+                 "mha/incremental/gqa-rope/empty-prefill-pairs"}
+#: its cases with a rotary embedding (the catalog's own function, the blocks and the cache)
+LLAMA_ROPE = {"positional/rope/half/rank3", "positional/rope/half/rank4/shifted-positions",
+              "positional/rope/half/rank4/per-sequence-positions", "positional/rope/interleaved/rank3",
+              "positional/rope/interleaved/rank4/shifted-positions",
+              "positional/rope/interleaved/rank4/per-sequence-positions",
+              "positional/rope/half/rank3/per-sequence-positions", "positional/rope/half/large-positions",
+              "positional/rope/interleaved/rank4/large-per-sequence-positions", "positional/rope/interleaved/base500",
+              "mha/gqa/rope-half/self/causal", "mha/gqa/rope-interleaved/self/padding+causal",
+              "mha/rope-half/cross/padding", "mha/mqa/rope-half/self/causal",
+              "mha/incremental/gqa-rope/prefill2-singles", "mha/incremental/gqa-rope/empty-prefill-pairs",
+              "mha/incremental/mqa-rope/one-pass", "mha/incremental/rope/prefill3-pair"}
+
+
+def _llama_failures(capsys, *extra):
+    code, out, _ = _run(capsys, "--backend", f"{LLAMA_EXAMPLE}:MyLlamaBackend", "-k", LLAMA_SELECT, *extra)
+    failed = {line.split()[3].rstrip(":") for line in _fail_lines(out) if line.startswith("FAIL my-llama")}
+    return code, out, failed
+
+
+def test_the_llama_example_is_conformant_except_its_float32_rope_tables(capsys):
+    """Outputs and gradients of 22 cases in two dtypes; in float64 every RoPE case
+    differs as declared (Hugging Face's cos/sin table is float32 whatever the input)."""
+    pytest.importorskip("torch")
+    code, out, failed = _llama_failures(capsys)
+    assert code == 0 and not failed, out
+    assert "my-llama: 26 passed, 0 failed, 18 declared differences" in out
+    assert "verdict my-llama: conformant except: rope-angles-float32" in out
+
+
+def test_a_llama_block_mapping_query_heads_by_h_mod_hkv_fails_exactly_the_grouped_cases(capsys, monkeypatch):
+    """The common bug: k/v repeated with ``repeat`` (tile) instead of ``repeat_interleave``,
+    so query head h reads kv head h % Hkv. Multi-query (Hkv = 1) cannot see it."""
+    pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from conformance.examples import my_llama_backend as example
+
+    class Tiled(example.LlamaAttention):
+        def attend(self, q, k, v, mask):
+            G = self.H // self.Hkv
+            return F.scaled_dot_product_attention(q, k.repeat(1, G, 1, 1), v.repeat(1, G, 1, 1), attn_mask=mask)
+
+    monkeypatch.setattr(example.MyLlamaBackend, "attention_class", Tiled)
+    code, out, failed = _llama_failures(capsys, "--dtype", "float32")  # float64: under the RoPE declaration
+    assert code == 1
+    assert failed == LLAMA_GROUPED
+
+
+def test_a_llama_rotation_pairing_interleaved_features_fails_every_rope_case(capsys, monkeypatch):
+    """The convention mixed up: the cos/sin table of ``rotate_half`` applied to the pairs
+    (2i, 2i+1). Every RoPE case fails, the grouped attention without RoPE passes."""
+    torch = pytest.importorskip("torch")
+    from conformance.examples import my_llama_backend as example
+
+    def interleaved(x, cos, sin):
+        if x.ndim == 4:
+            cos, sin = cos[:, None], sin[:, None]
+        half = x.shape[-1] // 2
+        c, s, a, b = cos[..., :half], sin[..., :half], x[..., 0::2], x[..., 1::2]
+        return torch.stack([a * c - b * s, a * s + b * c], dim=-1).reshape(x.shape)
+
+    monkeypatch.setattr(example, "apply_rotary", interleaved)
+    code, out, failed = _llama_failures(capsys, "--dtype", "float32")
+    assert code == 1
+    assert failed == LLAMA_ROPE
+
+
+def test_a_llama_cache_rotating_each_step_from_position_0_fails_the_multi_step_rope_cases(capsys, monkeypatch):
+    """The cache bug: a step's queries and keys rotated at 0..T-1 instead of their
+    absolute positions. A single pass, and a cache without RoPE, cannot see it."""
+    pytest.importorskip("torch")
+    from conformance.examples import my_llama_backend as example
+
+    class FromZero(example.LlamaAttention):
+        def _rotate(self, x, start):
+            return super()._rotate(x, 0)
+
+    monkeypatch.setattr(example.MyLlamaBackend, "attention_class", FromZero)
+    code, out, failed = _llama_failures(capsys, "--dtype", "float32")
+    assert code == 1
+    assert failed == {"mha/incremental/gqa-rope/prefill2-singles", "mha/incremental/gqa-rope/empty-prefill-pairs",
+                      "mha/incremental/rope/prefill3-pair"}
