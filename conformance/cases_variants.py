@@ -20,7 +20,7 @@ What a case pins, by option:
 - softcap: ``s = cap · tanh(s / cap)`` BEFORE the bias and the mask, so a
   ``-inf`` bias stays ``-inf`` (a cap applied after the bias turns it into
   ``-cap``: the masked keys get weight); raw scores ~150, past exp's
-  float32 overflow, where the cap (30) decides the weights. (Not capped
+  float32 overflow, where the cap (32) decides the weights. (Not capped
   scores ~100: a score that large is sensitive to one ulp of the cap's
   tanh, 7.6e-6, and XLA's float32 tanh is a few ulps from numpy's.)
 - RoPE: both conventions ("half", Hugging Face's ``rotate_half``;
@@ -56,6 +56,14 @@ def _slopes(H):
 
     m = 2 ** int(np.floor(np.log2(H)))
     return np.array(power_of_two(m) + power_of_two(2 * m)[0::2][:H - m])
+
+
+def _grid(r, *shape, scale):
+    """``scale · N(0, 1)`` rounded to a multiple of 1/16 in (-16, 16): exact in bfloat16 and
+    float16, and ``q kᵀ`` over Dk = 4 is a multiple of 2^-8 below 2^10, exact in float32, so
+    raw scores ~150 lose nothing in any backend (accumulated in another order, scores that
+    large would carry a rounding of ~1e-5 that no tolerance on the weights can absorb)."""
+    return np.clip(np.round(16 * scale * r.standard_normal(shape)), -255, 255) / 16
 
 
 def _group_unread(valid, Hkv):
@@ -150,9 +158,10 @@ _err("positional/alibi-slopes-num_heads-float", "alibi_slopes", "TypeError", "nu
 
 
 def _gqa(r, H=6, Hkv=3, Lq=5, Lk=7, mask="none", bias=None, softcap=None, qk_scale=1.0, dropout_p=0.0,
-         rank=4, poison=None):
+         rank=4, poison=None, grid=False):
     batch_q, batch_kv = ((B, H), (B, Hkv)) if rank == 4 else ((B,), (B,))
-    kw = {"q": _normal(r, *batch_q, Lq, DK, scale=qk_scale), "k": _normal(r, *batch_kv, Lk, DK, scale=qk_scale),
+    draw = _grid if grid else _normal
+    kw = {"q": draw(r, *batch_q, Lq, DK, scale=qk_scale), "k": draw(r, *batch_kv, Lk, DK, scale=qk_scale),
           "v": _normal(r, *batch_kv, Lk, DV)}
     m = _attn_mask(r, mask, B, H, Lq, Lk)
     if rank == 3 and m is not None and m.ndim == 4:
@@ -204,8 +213,8 @@ _case("sdpa/softcap/cross/fully-masked", _SDPA,
       partial(_gqa, H=3, Hkv=3, mask="fully-masked", softcap=5.0, qk_scale=2.0),
       note="fully masked rows: 0 out, 0 gradient, no NaN from the cap")
 _case("sdpa/softcap/cross/raw-scores-past-overflow", _SDPA,
-      partial(_gqa, H=3, Hkv=3, mask="padding", softcap=30.0, qk_scale=12.0),
-      note="raw scores ~ +-150 (past exp's float32 overflow) capped to (-30, 30): the cap decides the weights")
+      partial(_gqa, H=3, Hkv=3, mask="padding", softcap=32.0, qk_scale=10.0, grid=True),
+      note="raw scores ~ +-150 (past exp's float32 overflow) capped to (-32, 32): the cap decides the weights")
 _case("sdpa/softcap/rank3/self/causal", _SDPA, partial(_gqa, rank=3, Lk=5, mask="causal", softcap=5.0, qk_scale=2.0))
 _case("sdpa/gqa/softcap/cross/bias+padding", _SDPA,
       partial(_gqa, mask="padding", bias="full", softcap=5.0, qk_scale=2.0))
@@ -237,10 +246,11 @@ _err("sdpa/softcap-string", _SDPA, "TypeError", "softcap", _gqa_bad(softcap=lamb
 
 
 def _bw(r, H=6, Hkv=3, Lq=5, Lk=7, mask="none", bias=None, blocks=(2, 3), causal=False, window=None,
-        align="top_left", softcap=None, alibi=None, qk_scale=1.0, poison=None):
+        align="top_left", softcap=None, alibi=None, qk_scale=1.0, poison=None, grid=False):
     from .cases_blockwise import _band
 
-    kw = {"q": _normal(r, B, H, Lq, DK, scale=qk_scale), "k": _normal(r, B, Hkv, Lk, DK, scale=qk_scale),
+    draw = _grid if grid else _normal
+    kw = {"q": draw(r, B, H, Lq, DK, scale=qk_scale), "k": draw(r, B, Hkv, Lk, DK, scale=qk_scale),
           "v": _normal(r, B, Hkv, Lk, DV)}
     m = _attn_mask(r, mask, B, H, Lq, Lk)
     b = None
@@ -277,8 +287,8 @@ _case("blockwise/softcap/cross/mask_to_bias", _BW,
 _case("blockwise/softcap/cross/fully-masked", _BW,
       partial(_bw, H=3, Hkv=3, mask="fully-masked", softcap=5.0, qk_scale=2.0, blocks=(1, 3)))
 _case("blockwise/softcap/cross/raw-scores-past-overflow", _BW,
-      partial(_bw, H=3, Hkv=3, mask="padding", softcap=30.0, qk_scale=12.0),
-      note="raw scores ~ +-150 capped to (-30, 30) per block")
+      partial(_bw, H=3, Hkv=3, mask="padding", softcap=32.0, qk_scale=10.0, grid=True),
+      note="raw scores ~ +-150 capped to (-32, 32) per block")
 _case("blockwise/alibi/cross/none", _BW, partial(_bw, H=3, Hkv=3, alibi="heads"),
       note="slopes (H,) = 2^-4, 2^-8, 2^-2: -slope |i - j| added per block after the cap; d slopes too")
 _case("blockwise/alibi/causal/bottom-right", _BW,
