@@ -33,6 +33,7 @@ PEERS = {
     "torch-decoder-layer": "conformance.backends.peers:TorchDecoderLayerPeer",
     "torch-decoder": "conformance.backends.peers:TorchDecoderPeer",
     "jax-dpa": "conformance.backends.peers:JaxDpaPeer",
+    "torch-flex": "conformance.backends.peers:TorchFlexPeer",
 }
 
 

@@ -33,7 +33,15 @@ failure is one of those, and that every one of those really occurs.
   ``scaled_dot_product_attention`` cases without dropout, in its
   ``(B, L, H, Dh)`` layout (``(B, H, L, Dh)`` here; a rank-3 ``(B, L, Dk)``
   input is given one head), gradients from ``jax.vjp``. It returns no
-  weights either.
+  weights either. Fewer k/v heads (GQA) go through as they are; soft-capped
+  cases are not expressible in either.
+- ``torch-flex``: ``torch.nn.attention.flex_attention.flex_attention`` on the
+  ``blockwise_attention`` cases (its ``(out, lse)`` kind), forward only (its
+  backward needs a GPU). Everything the spec adds to the scores is a
+  ``score_mod``, written here in the spec's order: the soft cap, then ALiBi's
+  ``-slope |p_i - j|``, then the bias, then ``-inf`` wherever the mask, the
+  causal/window band or a ``-inf`` bias says no; fewer k/v heads by
+  ``enable_gqa=True``.
 
 None of them implements the bad-input contract (``errors = False``) or
 dropout with given keep-masks (dropout cases unsupported). ``python -m
@@ -142,9 +150,14 @@ class TorchSdpaPeer(_TorchPeer):
     builtin = "torch.nn.functional.scaled_dot_product_attention"
     function = "scaled_dot_product_attention"
     conventions = ("mask: `True` = attend, as here; a bias is a float `attn_mask`",
+                   "fewer k/v heads: `enable_gqa=True` (`repeat_interleave`: head h reads h // G, as here)",
+                   "no soft cap: the softcap cases are not expressible",
                    "no weights returned: judged on the gradients of `sum(out * cot)`")
+
+    def supports(self, call: Call) -> bool:
+        return super().supports(call) and call.kwargs.get("softcap") is None
     differences = (
-        _reads_unread_keys("sdpa/poison"),
+        _reads_unread_keys("sdpa/poison or sdpa/gqa/poison"),
     )
 
     def forward(self, kw: dict) -> dict:
@@ -155,7 +168,10 @@ class TorchSdpaPeer(_TorchPeer):
         attn_mask = mask
         if bias is not None:
             attn_mask = bias if mask is None else torch.where(mask, bias, -torch.inf)
-        out = F.scaled_dot_product_attention(kw["q"], kw["k"], kw["v"], attn_mask=attn_mask, scale=kw["scale"])
+        q, k = kw["q"], kw["k"]
+        grouped = q.ndim == 4 and k.shape[1] != q.shape[1]
+        out = F.scaled_dot_product_attention(q, k, kw["v"], attn_mask=attn_mask, scale=kw["scale"],
+                                             enable_gqa=grouped)
         return {"out": out}
 
 
@@ -327,14 +343,17 @@ class JaxDpaPeer(JaxBackend):
     conventions = ("layout `(B, L, H, Dh)`; the adapter transposes (rank 3: one head)",
                    "one head width for q, k, v: the adapter zero-pads the narrower (exact) and "
                    "passes the scale `1/sqrt(Dk)` explicitly",
-                   "mask: `True` = attend, as here; no weights returned")
+                   "mask: `True` = attend, as here; no weights returned",
+                   "fewer k/v heads: passed as they are (query head h reads h // G, as here); "
+                   "no soft cap: the softcap cases are not expressible")
     differences = (
-        _reads_unread_keys("sdpa/poison"),
+        _reads_unread_keys("sdpa/poison or sdpa/gqa/poison"),
         Difference(
             "fully-masked-row-mean-of-v",
             "a fully masked query row gets uniform weights over all keys (masked logits are a finite "
             "fill), so out is the mean of V there and v's gradient gets those weights; the spec: 0",
-            cases="sdpa/cross/fully-masked or sdpa/length1/key+padding or sdpa/causal/bottom-right/tall",
+            cases="sdpa/cross/fully-masked or sdpa/length1/key+padding or sdpa/causal/bottom-right/tall "
+                  "or sdpa/gqa/cross/fully-masked",
             checks=("output:out", "grad:v")),
         Difference(
             "minus-inf-bias-row-nan",
@@ -349,7 +368,8 @@ class JaxDpaPeer(JaxBackend):
     )
 
     def supports(self, call: Call) -> bool:
-        return call.function == "scaled_dot_product_attention" and _no_dropout(call)
+        return (call.function == "scaled_dot_product_attention" and _no_dropout(call)
+                and call.kwargs.get("softcap") is None)
 
     def prepare(self, calls, dtype: str) -> None:
         """Every call of the batch as ONE jitted program (compiling is most of the time)."""
@@ -439,3 +459,90 @@ def _dpa_result(call: Call, out, grads) -> Result:
 
 def _as_float64(a):
     return np.asarray(a).astype(np.float64)
+
+
+# --------------------------------------------------------------------------
+# PyTorch's FlexAttention: the blockwise kind, with every variant as a score_mod
+
+
+class TorchFlexPeer(TorchBackend):
+    name = "torch-flex"
+    builtin = "torch.nn.attention.flex_attention.flex_attention"
+    errors = False
+    gradients = False  # "FlexAttention does not support backward on CPU"
+    dtypes = ("float64", "float32")
+    conventions = ("soft cap, ALiBi `-slope |p_i - j|`, bias and `-inf` for the mask and the causal/window "
+                   "band: one `score_mod` in the spec's order",
+                   "fewer k/v heads: `enable_gqa=True`; rank 3: one head; `return_lse=True`",
+                   "forward only (no backward on CPU)")
+    differences = (_reads_unread_keys("blockwise/poison or blockwise/gqa/poison"),)
+
+    def supports(self, call: Call) -> bool:
+        kw = call.kwargs
+        return (call.function == "blockwise_attention"
+                and kw["q"].shape[-2] > 0 and kw["k"].shape[-2] > 0)
+
+    def run(self, call: Call, dtype: str | None) -> Result:
+        import warnings
+
+        import torch
+        from torch.nn.attention.flex_attention import flex_attention
+
+        kw = self._to_torch(call.kwargs, dtype)
+        q, k, v = kw["q"], kw["k"], kw["v"]
+        rank3 = q.ndim == 3
+        if rank3:
+            q, k, v = q[:, None], k[:, None], v[:, None]
+        (B, H, Lq, _), Lk = q.shape, k.shape[-2]
+        allowed, bias = _flex_tables(kw, B, H, Lq, Lk, rank3, q.dtype)
+        offset = 0 if kw["align"] == "top_left" else Lk - Lq
+        cap, slopes = kw.get("softcap"), kw.get("alibi_slopes")
+        if slopes is not None:
+            slopes = torch.broadcast_to(slopes.to(torch.float64 if q.dtype == torch.float64 else torch.float32),
+                                        (B, H))
+
+        def score_mod(s, b, h, i, j):
+            if cap is not None:
+                s = cap * torch.tanh(s / cap)
+            if slopes is not None:
+                s = s - slopes[b, h] * (i + offset - j).abs()
+            if bias is not None:
+                s = s + bias[b, h, i, j]
+            return torch.where(allowed[b, h, i, j], s, -torch.inf)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "called without torch.compile()", "return_lse is deprecated"
+            out, lse = flex_attention(q, k, v, score_mod=score_mod, scale=kw["scale"],
+                                      enable_gqa=k.shape[1] != H, return_lse=True)
+        if rank3:
+            out, lse = out[:, 0], lse[:, 0]
+        return Result(outputs={"out": _to_numpy(out), "lse": _to_numpy(lse)})
+
+
+def _flex_tables(kw, B, H, Lq, Lk, rank3, dtype):
+    """``(allowed, bias)``: the mask, the causal/window band and the bias's finite
+    entries as one bool ``(B, H, Lq, Lk)``, and the bias at that shape (or None)."""
+    import torch
+
+    def full(x):
+        if rank3 and x.ndim == 3:
+            x = x[:, None]
+        return torch.broadcast_to(x.reshape((1,) * (4 - x.ndim) + tuple(x.shape)), (B, H, Lq, Lk))
+
+    allowed = torch.ones((B, H, Lq, Lk), dtype=torch.bool)
+    if kw["mask"] is not None:
+        allowed = allowed & full(kw["mask"])
+    left, right = kw["window"] if kw["window"] is not None else (None, None)
+    if kw["causal"]:
+        right = 0 if right is None else min(right, 0)
+    p = torch.arange(Lq)[:, None] + (0 if kw["align"] == "top_left" else Lk - Lq)
+    j = torch.arange(Lk)[None, :]
+    if left is not None:
+        allowed = allowed & (j >= p - left)
+    if right is not None:
+        allowed = allowed & (j <= p + right)
+    bias = None
+    if kw["bias"] is not None:
+        bias = full(kw["bias"]).to(torch.float64 if dtype == torch.float64 else torch.float32)
+        allowed = allowed & (bias != -torch.inf)
+    return allowed.contiguous(), None if bias is None else bias.contiguous()
