@@ -90,7 +90,8 @@ NOT_DIFFERENTIABLE = frozenset({"seq2seq_greedy", "attention_seq2seq_greedy", "g
 
 #: report order of the components (the first part of a case name)
 COMPONENTS = (
-    "masks", "positional", "softmax", "sdpa", "additive", "mha", "blockwise", "linear",
+    "masks", "positional", "softmax", "sdpa", "additive", "mha", "blockwise",
+    "gqa", "softcap", "alibi", "rope", "linear",
     "layer_norm", "feed_forward", "dropout", "encoder_layer", "encoder",
     "rnn", "gru", "seq2seq", "decoder_layer", "decoder", "cross_entropy", "transformer",
 )

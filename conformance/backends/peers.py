@@ -157,7 +157,7 @@ class TorchSdpaPeer(_TorchPeer):
     def supports(self, call: Call) -> bool:
         return super().supports(call) and call.kwargs.get("softcap") is None
     differences = (
-        _reads_unread_keys("sdpa/poison or sdpa/gqa/poison"),
+        _reads_unread_keys("sdpa/poison or gqa/sdpa/poison"),
     )
 
     def forward(self, kw: dict) -> dict:
@@ -347,13 +347,13 @@ class JaxDpaPeer(JaxBackend):
                    "fewer k/v heads: passed as they are (query head h reads h // G, as here); "
                    "no soft cap: the softcap cases are not expressible")
     differences = (
-        _reads_unread_keys("sdpa/poison or sdpa/gqa/poison"),
+        _reads_unread_keys("sdpa/poison or gqa/sdpa/poison"),
         Difference(
             "fully-masked-row-mean-of-v",
             "a fully masked query row gets uniform weights over all keys (masked logits are a finite "
             "fill), so out is the mean of V there and v's gradient gets those weights; the spec: 0",
             cases="sdpa/cross/fully-masked or sdpa/length1/key+padding or sdpa/causal/bottom-right/tall "
-                  "or sdpa/gqa/cross/fully-masked",
+                  "or gqa/sdpa/cross/fully-masked",
             checks=("output:out", "grad:v")),
         Difference(
             "minus-inf-bias-row-nan",
@@ -475,7 +475,7 @@ class TorchFlexPeer(TorchBackend):
                    "band: one `score_mod` in the spec's order",
                    "fewer k/v heads: `enable_gqa=True`; rank 3: one head; `return_lse=True`",
                    "forward only (no backward on CPU)")
-    differences = (_reads_unread_keys("blockwise/poison or blockwise/gqa/poison"),)
+    differences = (_reads_unread_keys("blockwise/poison or gqa/blockwise/poison"),)
 
     def supports(self, call: Call) -> bool:
         kw = call.kwargs

@@ -369,36 +369,36 @@ BW_PLAIN = {"blockwise/cross/none", "blockwise/cross/padding", "blockwise/cross/
 
 
 #: the variants' cases by what they exercise (conformance/cases_variants.py)
-GQA_GROUPED = {"sdpa/gqa/cross/padding", "sdpa/gqa/self/causal", "sdpa/gqa/cross/bias+padding+causal",
-               "sdpa/gqa/cross/bias-broadcast", "sdpa/gqa/cross/per-head", "sdpa/gqa/cross/fully-masked",
-               "sdpa/gqa/cross/dropout", "sdpa/gqa/poison/per-head-nan", "sdpa/gqa/softcap/cross/bias+padding",
-               "blockwise/gqa/cross/padding", "blockwise/gqa/causal/bottom-right", "blockwise/gqa/poison/padding-nan",
-               "blockwise/gqa/alibi+softcap/causal", "mha/gqa/self/causal", "mha/gqa/cross/padding",
-               "mha/gqa/rope-half/self/causal", "mha/gqa/rope-interleaved/self/padding+causal",
-               "mha/incremental/gqa-rope/prefill2-singles", "mha/incremental/gqa-rope/empty-prefill-pairs"}
+GQA_GROUPED = {"gqa/sdpa/cross/padding", "gqa/sdpa/self/causal", "gqa/sdpa/cross/bias+padding+causal",
+               "gqa/sdpa/cross/bias-broadcast", "gqa/sdpa/cross/per-head", "gqa/sdpa/cross/fully-masked",
+               "gqa/sdpa/cross/dropout", "gqa/sdpa/poison/per-head-nan", "softcap/sdpa/gqa/cross/bias+padding",
+               "gqa/blockwise/cross/padding", "gqa/blockwise/causal/bottom-right", "gqa/blockwise/poison/padding-nan",
+               "alibi/blockwise/gqa+softcap/causal", "gqa/mha/self/causal", "gqa/mha/cross/padding",
+               "rope/mha/half/gqa/self/causal", "rope/mha/interleaved/gqa/self/padding+causal",
+               "rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs"}
 #: one kv head: h // H and h % 1 are both 0
-MQA = {"sdpa/mqa/cross/padding+causal", "sdpa/mqa/cross/bias", "blockwise/mqa/window+bias",
-       "mha/mqa/cross/padding+causal", "mha/mqa/rope-half/self/causal", "mha/incremental/mqa-rope/one-pass",
-       "mha/incremental/mqa/singles"}
-SOFTCAP_WITH_BIAS = {"sdpa/softcap/cross/bias+padding+causal", "sdpa/softcap/cross/mask_to_bias",
-                     "sdpa/gqa/softcap/cross/bias+padding"}
-SOFTCAP_NO_BIAS = {"sdpa/softcap/cross/padding", "sdpa/softcap/cross/fully-masked",
-                   "sdpa/softcap/cross/raw-scores-past-overflow", "sdpa/softcap/rank3/self/causal"}
-ROPE_FUNCTION = {"positional/rope/half/rank3", "positional/rope/half/rank4/shifted-positions",
-                 "positional/rope/half/rank4/per-sequence-positions", "positional/rope/interleaved/rank3",
-                 "positional/rope/interleaved/rank4/shifted-positions",
-                 "positional/rope/interleaved/rank4/per-sequence-positions",
-                 "positional/rope/half/rank3/per-sequence-positions", "positional/rope/half/large-positions",
-                 "positional/rope/interleaved/rank4/large-per-sequence-positions",
-                 "positional/rope/interleaved/base500"}
-ROPE_BLOCKS = {"mha/gqa/rope-half/self/causal", "mha/gqa/rope-interleaved/self/padding+causal",
-               "mha/rope-half/cross/padding", "mha/mqa/rope-half/self/causal",
-               "mha/incremental/gqa-rope/prefill2-singles", "mha/incremental/gqa-rope/empty-prefill-pairs",
-               "mha/incremental/mqa-rope/one-pass", "mha/incremental/rope/prefill3-pair"}
+MQA = {"gqa/sdpa/mqa/cross/padding+causal", "gqa/sdpa/mqa/cross/bias", "gqa/blockwise/mqa/window+bias",
+       "gqa/mha/mqa/cross/padding+causal", "rope/mha/half/mqa/self/causal", "rope/cache/mqa/one-pass",
+       "gqa/cache/mqa/singles"}
+SOFTCAP_WITH_BIAS = {"softcap/sdpa/cross/bias+padding+causal", "softcap/sdpa/cross/mask_to_bias",
+                     "softcap/sdpa/gqa/cross/bias+padding"}
+SOFTCAP_NO_BIAS = {"softcap/sdpa/cross/padding", "softcap/sdpa/cross/fully-masked",
+                   "softcap/sdpa/cross/raw-scores-past-overflow", "softcap/sdpa/rank3/self/causal"}
+ROPE_FUNCTION = {"rope/half/rank3", "rope/half/rank4/shifted-positions",
+                 "rope/half/rank4/per-sequence-positions", "rope/interleaved/rank3",
+                 "rope/interleaved/rank4/shifted-positions",
+                 "rope/interleaved/rank4/per-sequence-positions",
+                 "rope/half/rank3/per-sequence-positions", "rope/half/large-positions",
+                 "rope/interleaved/rank4/large-per-sequence-positions",
+                 "rope/interleaved/base500"}
+ROPE_BLOCKS = {"rope/mha/half/gqa/self/causal", "rope/mha/interleaved/gqa/self/padding+causal",
+               "rope/mha/half/cross/padding", "rope/mha/half/mqa/self/causal",
+               "rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs",
+               "rope/cache/mqa/one-pass", "rope/cache/prefill3-pair"}
 #: a cache over several steps with RoPE (the one-pass case is a single step at 0)
-ROPE_STEPS = {"mha/incremental/gqa-rope/prefill2-singles", "mha/incremental/gqa-rope/empty-prefill-pairs",
-              "mha/incremental/rope/prefill3-pair"}
-NO_ROPE = {"mha/gqa/self/causal", "mha/gqa/cross/padding", "mha/incremental/mqa/singles"}
+ROPE_STEPS = {"rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs",
+              "rope/cache/prefill3-pair"}
+NO_ROPE = {"gqa/mha/self/causal", "gqa/mha/cross/padding", "gqa/cache/mqa/singles"}
 
 
 def _bw_structure(strict=False, offset=None):
@@ -622,14 +622,14 @@ MUTANTS = [
        "attention._attention_probs", _const(_softcap_after_bias), SOFTCAP_WITH_BIAS, spares=SOFTCAP_NO_BIAS),
     _m("alibi/slopes-geometric-for-any-h", "2^(-8(h+1)/H) for every H (the rule for non-powers of two ignored)",
        "variants.alibi_slopes", _const(_slopes_geometric_for_any_h),
-       {"positional/alibi/h6/bottom-right", "positional/alibi/h12/symmetric/tall", "positional/alibi/h3/square",
-        "positional/alibi-slopes/h6", "positional/alibi-slopes/h12"},
-       spares={"positional/alibi/h8/causal-form", "positional/alibi/h8/symmetric/bottom-right",
-               "positional/alibi-slopes/h8", "positional/alibi-slopes/h1"}),
+       {"alibi/h6/bottom-right", "alibi/h12/symmetric/tall", "alibi/h3/square",
+        "alibi/slopes/h6", "alibi/slopes/h12"},
+       spares={"alibi/h8/causal-form", "alibi/h8/symmetric/bottom-right",
+               "alibi/slopes/h8", "alibi/slopes/h1"}),
     _m("alibi/blockwise-signed-distance", "blockwise's ALiBi adds -slope (p - j), the causal form, not -slope |p - j|",
-       "blockwise._alibi_distance", _const(_alibi_signed_distance), {"blockwise/alibi/cross/none"},
-       spares={"blockwise/alibi/causal/bottom-right", "blockwise/alibi/window/bottom-right",
-               "blockwise/alibi/fully-masked", "blockwise/gqa/alibi+softcap/causal"}),  # j <= p: the forms agree
+       "blockwise._alibi_distance", _const(_alibi_signed_distance), {"alibi/blockwise/cross/none"},
+       spares={"alibi/blockwise/causal/bottom-right", "alibi/blockwise/window/bottom-right",
+               "alibi/blockwise/fully-masked", "alibi/blockwise/gqa+softcap/causal"}),  # j <= p: the forms agree
     _m("rope/angle-exponent-i", "theta_i = base^(-i/Dh) instead of base^(-2i/Dh)", "variants._angles",
        _const(_angles_exponent_i), ROPE_FUNCTION | ROPE_BLOCKS, spares=NO_ROPE),
     _m("rope/conventions-swapped", "'half' pairs (2i, 2i+1) and 'interleaved' pairs (i, i + Dh/2)",
@@ -639,7 +639,7 @@ MUTANTS = [
        ROPE_FUNCTION | ROPE_BLOCKS, spares=NO_ROPE),
     _m("cache/rope-steps-from-zero", "each cached step rotated at 0..T-1, not at length + t",
        "attention._rope_heads", _rope_steps_from_zero, ROPE_STEPS,
-       spares={"mha/incremental/mqa-rope/one-pass", "mha/incremental/mqa/singles"} | ROPE_BLOCKS - ROPE_STEPS),
+       spares={"rope/cache/mqa/one-pass", "gqa/cache/mqa/singles"} | ROPE_BLOCKS - ROPE_STEPS),
     # dtype
     _m("dtype/float32-scores", "a float64 call computes its scores in float32",
        "attention._attention_probs",
