@@ -181,7 +181,8 @@ class TorchMhaPeer(_TorchPeer):
     function = "multi_head_attention"
     conventions = ("mask: `True` = **ignore**; the adapter inverts it (`key_padding_mask`, `attn_mask`)",
                    "weights averaged over heads by default; the adapter asks `average_attn_weights=False`",
-                   "packed `in_proj_weight (3D, D)`, weights `(out, in)`: `interop.mha_params_to_torch`")
+                   "packed `in_proj_weight (3D, D)`, weights `(out, in)`: `interop.mha_params_to_torch`",
+                   "no grouped k/v heads, no rotary embedding: those cases are not expressible")
     differences = (
         _reads_unread_keys("mha/poison"),
         Difference(
@@ -197,6 +198,11 @@ class TorchMhaPeer(_TorchPeer):
             "up to e^0.25; the spec computes scores and softmax in float32 and rounds once",
             cases="mha/cross/offset-bias", dtypes=("bfloat16", "float16")),
     )
+
+    def supports(self, call: Call) -> bool:
+        kw = call.kwargs
+        return (super().supports(call) and kw.get("rope") is None
+                and kw.get("num_kv_heads") in (None, kw["num_heads"]))
 
     def forward(self, kw: dict) -> dict:
         import torch

@@ -100,6 +100,7 @@ def test_the_peers_verdicts(peer_runs):
         "torch-decoder": "conformant except: half-precision-key-bias",
         "jax-dpa": "conformant except: reads-unread-keys, fully-masked-row-mean-of-v, minus-inf-bias-row-nan, "
                    "float64-softmax-in-float32",
+        "torch-flex": "conformant except: reads-unread-keys",
     }
     if not peer_runs:
         pytest.skip("no peer available here")
@@ -313,7 +314,10 @@ def test_the_pytest_plugin_xfails_a_declared_difference_and_fails_a_stale_one(tm
     assert ("XFAIL attention-conformance::nan-row-stale-float64-sdpa/cross/fully-masked - "
             "declared difference: nan-row") in proc.stdout
     assert "FAIL backend nan-row-stale: declared but not observed: causal-off" in proc.stdout
-    assert re.search(r"\b1 failed, \d+ passed, \d+ deselected, 4 xfailed\b", proc.stdout), proc.stdout[-500:]
+    # skipped: the grouped and soft-capped sdpa/cross cases (gqa/sdpa/cross/..., softcap/sdpa/cross/...),
+    # which the example kernel does not support
+    assert re.search(r"\b1 failed, \d+ passed, \d+ skipped, \d+ deselected, 4 xfailed\b", proc.stdout), \
+        proc.stdout[-500:]
 
 
 # --------------------------------------------------------------------------
