@@ -40,9 +40,9 @@ _ROPE_CASES = "rope/"
 
 def rotate_half(x):
     """``(x1, x2) -> (-x2, x1)`` over the two halves of the last axis."""
-    half = x.shape[-1] // 2
     import torch
 
+    half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
