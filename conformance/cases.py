@@ -57,6 +57,9 @@ MODULES = {
     "additive_attention": "attention",
     "multi_head_attention": "attention",
     "blockwise_attention": "blockwise",
+    "rotary_embedding": "variants",
+    "alibi_slopes": "variants",
+    "alibi_bias": "variants",
     "linear": "layers",
     "layer_norm": "layers",
     "feed_forward": "layers",
@@ -75,6 +78,7 @@ MODULES = {
     "decoder": "decoder",
     "decoder_incremental": "cache",
     "decoder_step": "cache",
+    "self_attention_incremental": "cache",
     "cross_entropy": "transformer",
     "transformer": "transformer",
     "greedy_decode": "transformer",
@@ -86,7 +90,8 @@ NOT_DIFFERENTIABLE = frozenset({"seq2seq_greedy", "attention_seq2seq_greedy", "g
 
 #: report order of the components (the first part of a case name)
 COMPONENTS = (
-    "masks", "positional", "softmax", "sdpa", "additive", "mha", "blockwise", "linear",
+    "masks", "positional", "softmax", "sdpa", "additive", "mha", "blockwise",
+    "gqa", "softcap", "alibi", "rope", "linear",
     "layer_norm", "feed_forward", "dropout", "encoder_layer", "encoder",
     "rnn", "gru", "seq2seq", "decoder_layer", "decoder", "cross_entropy", "transformer",
 )
@@ -1337,6 +1342,7 @@ def _fuzzed(spec: str, name: str | None = None, note: str = ""):
 # the decoder side (SPEC 3.18-3.21): its own module, appending to CASES with these helpers
 from . import cases_decoder  # noqa: E402,F401
 from . import cases_blockwise  # noqa: E402,F401
+from . import cases_variants  # noqa: E402,F401  (GQA/MQA, RoPE, ALiBi, softcap: issue 15)
 
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "duplicate case names"

@@ -34,6 +34,7 @@ PEERS = {
     "torch-decoder": "conformance.backends.peers:TorchDecoderPeer",
     "jax-dpa": "conformance.backends.peers:JaxDpaPeer",
     "onnx-attention": "conformance.backends.onnx_peer:OnnxAttentionPeer",
+    "torch-flex": "conformance.backends.peers:TorchFlexPeer",
 }
 
 

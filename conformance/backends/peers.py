@@ -36,6 +36,13 @@ failure is one of those, and that every one of those really occurs.
   input is given one head), gradients from ``jax.vjp``. It returns no
   weights either. Fewer key/value heads than query heads are its own
   grouped-query attention (``N`` query heads, ``K`` dividing ``N``).
+- ``torch-flex``: ``torch.nn.attention.flex_attention.flex_attention`` on the
+  ``blockwise_attention`` cases (its ``(out, lse)`` kind), forward only (its
+  backward needs a GPU). Everything the spec adds to the scores is a
+  ``score_mod``, written here in the spec's order: the soft cap, then ALiBi's
+  ``-slope |p_i - j|``, then the bias, then ``-inf`` wherever the mask, the
+  causal/window band or a ``-inf`` bias says no; fewer k/v heads by
+  ``enable_gqa=True``.
 
 None of them implements the bad-input contract (``errors = False``),
 dropout with given keep-masks or soft-capping (those cases unsupported). ``python -m
@@ -75,8 +82,8 @@ def _plain(call: Call) -> bool:
     has one), grouped key/value projections or a rotary embedding in
     ``nn.MultiheadAttention``."""
     kw = call.kwargs
-    return (_no_dropout(call) and kw.get("softcap") is None and kw.get("num_kv_heads") is None
-            and kw.get("rope") is None)
+    return (_no_dropout(call) and kw.get("softcap") is None
+            and kw.get("num_kv_heads") in (None, kw.get("num_heads")) and kw.get("rope") is None)
 
 
 # --------------------------------------------------------------------------
@@ -154,9 +161,12 @@ class TorchSdpaPeer(_TorchPeer):
     builtin = "torch.nn.functional.scaled_dot_product_attention"
     function = "scaled_dot_product_attention"
     conventions = ("mask: `True` = attend, as here; a bias is a float `attn_mask`",
+                   "fewer k/v heads: `enable_gqa=True` (`repeat_interleave`: head h reads h // G, as here)",
+                   "no soft cap: the softcap cases are not expressible",
                    "no weights returned: judged on the gradients of `sum(out * cot)`")
+
     differences = (
-        _reads_unread_keys("sdpa/poison"),
+        _reads_unread_keys("sdpa/poison or gqa/sdpa/poison"),
     )
 
     def forward(self, kw: dict) -> dict:
@@ -180,7 +190,8 @@ class TorchMhaPeer(_TorchPeer):
     function = "multi_head_attention"
     conventions = ("mask: `True` = **ignore**; the adapter inverts it (`key_padding_mask`, `attn_mask`)",
                    "weights averaged over heads by default; the adapter asks `average_attn_weights=False`",
-                   "packed `in_proj_weight (3D, D)`, weights `(out, in)`: `interop.mha_params_to_torch`")
+                   "packed `in_proj_weight (3D, D)`, weights `(out, in)`: `interop.mha_params_to_torch`",
+                   "no grouped k/v heads, no rotary embedding: those cases are not expressible")
     differences = (
         _reads_unread_keys("mha/poison"),
         Difference(
@@ -342,14 +353,17 @@ class JaxDpaPeer(JaxBackend):
     conventions = ("layout `(B, L, H, Dh)`; the adapter transposes (rank 3: one head)",
                    "one head width for q, k, v: the adapter zero-pads the narrower (exact) and "
                    "passes the scale `1/sqrt(Dk)` explicitly",
-                   "mask: `True` = attend, as here; no weights returned")
+                   "mask: `True` = attend, as here; no weights returned",
+                   "fewer k/v heads: passed as they are (query head h reads h // G, as here); "
+                   "no soft cap: the softcap cases are not expressible")
     differences = (
-        _reads_unread_keys("sdpa/poison"),
+        _reads_unread_keys("sdpa/poison or gqa/sdpa/poison"),
         Difference(
             "fully-masked-row-mean-of-v",
             "a fully masked query row gets uniform weights over all keys (masked logits are a finite "
             "fill), so out is the mean of V there and v's gradient gets those weights; the spec: 0",
-            cases="sdpa/cross/fully-masked or sdpa/length1/key+padding or sdpa/causal/bottom-right/tall",
+            cases="sdpa/cross/fully-masked or sdpa/length1/key+padding or sdpa/causal/bottom-right/tall "
+                  "or gqa/sdpa/cross/fully-masked",
             checks=("output:out", "grad:v")),
         Difference(
             "minus-inf-bias-row-nan",
@@ -454,3 +468,90 @@ def _dpa_result(call: Call, out, grads) -> Result:
 
 def _as_float64(a):
     return np.asarray(a).astype(np.float64)
+
+
+# --------------------------------------------------------------------------
+# PyTorch's FlexAttention: the blockwise kind, with every variant as a score_mod
+
+
+class TorchFlexPeer(TorchBackend):
+    name = "torch-flex"
+    builtin = "torch.nn.attention.flex_attention.flex_attention"
+    errors = False
+    gradients = False  # "FlexAttention does not support backward on CPU"
+    dtypes = ("float64", "float32")
+    conventions = ("soft cap, ALiBi `-slope |p_i - j|`, bias and `-inf` for the mask and the causal/window "
+                   "band: one `score_mod` in the spec's order",
+                   "fewer k/v heads: `enable_gqa=True`; rank 3: one head; `return_lse=True`",
+                   "forward only (no backward on CPU)")
+    differences = (_reads_unread_keys("blockwise/poison or gqa/blockwise/poison"),)
+
+    def supports(self, call: Call) -> bool:
+        kw = call.kwargs
+        return (call.function == "blockwise_attention"
+                and kw["q"].shape[-2] > 0 and kw["k"].shape[-2] > 0)
+
+    def run(self, call: Call, dtype: str | None) -> Result:
+        import warnings
+
+        import torch
+        from torch.nn.attention.flex_attention import flex_attention
+
+        kw = self._to_torch(call.kwargs, dtype)
+        q, k, v = kw["q"], kw["k"], kw["v"]
+        rank3 = q.ndim == 3
+        if rank3:
+            q, k, v = q[:, None], k[:, None], v[:, None]
+        (B, H, Lq, _), Lk = q.shape, k.shape[-2]
+        allowed, bias = _flex_tables(kw, B, H, Lq, Lk, rank3, q.dtype)
+        offset = 0 if kw["align"] == "top_left" else Lk - Lq
+        cap, slopes = kw.get("softcap"), kw.get("alibi_slopes")
+        if slopes is not None:
+            slopes = torch.broadcast_to(slopes.to(torch.float64 if q.dtype == torch.float64 else torch.float32),
+                                        (B, H))
+
+        def score_mod(s, b, h, i, j):
+            if cap is not None:
+                s = cap * torch.tanh(s / cap)
+            if slopes is not None:
+                s = s - slopes[b, h] * (i + offset - j).abs()
+            if bias is not None:
+                s = s + bias[b, h, i, j]
+            return torch.where(allowed[b, h, i, j], s, -torch.inf)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "called without torch.compile()", "return_lse is deprecated"
+            out, lse = flex_attention(q, k, v, score_mod=score_mod, scale=kw["scale"],
+                                      enable_gqa=k.shape[1] != H, return_lse=True)
+        if rank3:
+            out, lse = out[:, 0], lse[:, 0]
+        return Result(outputs={"out": _to_numpy(out), "lse": _to_numpy(lse)})
+
+
+def _flex_tables(kw, B, H, Lq, Lk, rank3, dtype):
+    """``(allowed, bias)``: the mask, the causal/window band and the bias's finite
+    entries as one bool ``(B, H, Lq, Lk)``, and the bias at that shape (or None)."""
+    import torch
+
+    def full(x):
+        if rank3 and x.ndim == 3:
+            x = x[:, None]
+        return torch.broadcast_to(x.reshape((1,) * (4 - x.ndim) + tuple(x.shape)), (B, H, Lq, Lk))
+
+    allowed = torch.ones((B, H, Lq, Lk), dtype=torch.bool)
+    if kw["mask"] is not None:
+        allowed = allowed & full(kw["mask"])
+    left, right = kw["window"] if kw["window"] is not None else (None, None)
+    if kw["causal"]:
+        right = 0 if right is None else min(right, 0)
+    p = torch.arange(Lq)[:, None] + (0 if kw["align"] == "top_left" else Lk - Lq)
+    j = torch.arange(Lk)[None, :]
+    if left is not None:
+        allowed = allowed & (j >= p - left)
+    if right is not None:
+        allowed = allowed & (j <= p + right)
+    bias = None
+    if kw["bias"] is not None:
+        bias = full(kw["bias"]).to(torch.float64 if dtype == torch.float64 else torch.float32)
+        allowed = allowed & (bias != -torch.inf)
+    return allowed.contiguous(), None if bias is None else bias.contiguous()

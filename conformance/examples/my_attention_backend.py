@@ -80,6 +80,12 @@ def my_attention_vjp(d_out, d_w, q, k, v, w, cache, bias_shape=None):
     return grads
 
 
+def plain_sdpa(call: Call) -> bool:
+    """A call of the plain kernel: no ``softcap``, and k with q's heads (no GQA/MQA)."""
+    kw = call.kwargs
+    return kw.get("softcap") is None and (kw["q"].ndim == 3 or kw["k"].shape[:2] == kw["q"].shape[:2])
+
+
 class MyBackend(Backend):
     """The adapter: a Call in, a Result out."""
 
@@ -91,7 +97,8 @@ class MyBackend(Backend):
     devices = ("cpu",)
 
     def supports(self, call: Call) -> bool:
-        return call.function == "scaled_dot_product_attention"
+        """sdpa without the modern variants: no soft cap, as many k/v heads as query heads."""
+        return call.function == "scaled_dot_product_attention" and plain_sdpa(call)
 
     def run(self, call: Call, dtype: str | None) -> Result:
         kw = call.kwargs

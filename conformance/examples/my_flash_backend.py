@@ -64,7 +64,9 @@ class MyFlashBackend(Backend):
     def supports(self, call: Call) -> bool:
         kw = call.kwargs
         return (call.function == "blockwise_attention"
-                and kw["q"].shape[-2] > 0 and kw["k"].shape[-2] > 0)  # L = 0: SIGFPE in the kernel
+                and kw["q"].shape[-2] > 0 and kw["k"].shape[-2] > 0  # L = 0: SIGFPE in the kernel
+                and kw.get("softcap") is None and kw.get("alibi_slopes") is None  # not in this kernel
+                and (kw["q"].ndim == 3 or kw["k"].shape[1] == kw["q"].shape[1]))  # nor grouped heads
 
     def run(self, call: Call, dtype: str | None) -> Result:
         import torch

@@ -36,6 +36,7 @@ from conformance.runner import Session, load_all
 from numpy_ref import attention as A
 from numpy_ref import encoder as E
 from numpy_ref import layers as Ly
+from numpy_ref import variants as V
 from numpy_ref._checks import float_dtype, rules
 
 __all__ = ["Mutant", "MUTANTS", "MUTANTS_BY_NAME", "swapped", "backend_class", "failing",
@@ -132,11 +133,11 @@ def _uniform_empty_rows(original):
     return softmax
 
 
-def _probs_over_queries(q, k, mask, bias, scale):
+def _probs_over_queries(q, k, mask, bias, scale, softcap=None):
     scores = A._upcast(q) @ np.swapaxes(A._upcast(k), -1, -2) * scale
     if bias is not None:
         scores = scores + A._upcast(bias)
-    return A._masked_softmax(scores, mask, -2)  # normalised over the queries
+    return A._masked_softmax(scores, mask, -2), None  # normalised over the queries
 
 
 def _variance_with(var_of):
@@ -212,14 +213,15 @@ def _merge_dh_major(x):
     return x.transpose(0, 2, 3, 1).reshape(B, L, H * Dh)  # (B, L, Dh, H): head index fastest
 
 
-def _project_w_transposed(query, key, value, params, num_heads):
+def _project_w_transposed(query, key, value, params, num_heads, num_kv_heads=None):
     q = query @ params["w_q"].T + params["b_q"]  # (out, in) habit on a square (D, D) matrix
     k = key @ params["w_k"] + params["b_k"]
     v = value @ params["w_v"] + params["b_v"]
-    return tuple(A._split_heads(x, num_heads) for x in (q, k, v))
+    Hkv = num_heads if num_kv_heads is None else num_kv_heads
+    return A._split_heads(q, num_heads), A._split_heads(k, Hkv), A._split_heads(v, Hkv)
 
 
-def _grads_dq_unscaled(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read):
+def _grads_dq_unscaled(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read, t=None, G=1):
     dv = np.swapaxes(dropped, -1, -2) @ d_out
     dp = A._dropout(d_out @ np.swapaxes(v, -1, -2), keep, dropout_p)
     if d_weights is not None:
@@ -227,7 +229,8 @@ def _grads_dq_unscaled(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, kee
     ds = A._softmax_grad(p, dp)
     dq = ds @ k  # the scale forgotten
     dk = np.swapaxes(ds, -1, -2) @ q * scale
-    grads = {"q": dq, "k": A._unread_to_zero(dk, read), "v": A._unread_to_zero(dv, read)}
+    grads = {"q": dq, "k": A._group_sum(A._unread_to_zero(dk, read), G),
+             "v": A._group_sum(A._unread_to_zero(dv, read), G)}
     if bias is not None:
         grads["bias"] = A._sum_to_shape(ds, bias.shape)
     return grads
@@ -267,6 +270,59 @@ def _encoder_layer_no_attn_residual(x, params, num_heads, *, mask=None, norm_fir
         return h + s.drop_ffn(s.ffn(s.norm2(h)))
     h = s.norm1(s.drop_attn(s.attn(x)))  # x + forgotten
     return s.norm2(h + s.drop_ffn(s.ffn(h)))
+
+
+# --------------------------------------------------------------------------
+# the modern variants (conformance/cases_variants.py)
+
+
+def _repeat_kv_tiled(x, G):
+    """k/v repeated with ``tile``: query head h reads kv head ``h % Hkv`` (not ``h // G``)."""
+    return x if G == 1 else np.tile(x, (1, G, 1, 1))
+
+
+def _softcap_after_bias(q, k, mask, bias, scale, softcap=None):
+    """The cap applied to ``scores + bias``: a ``-inf`` bias becomes ``-cap``, a weight."""
+    scores = A._upcast(q) @ np.swapaxes(A._upcast(k), -1, -2) * scale
+    if bias is not None:
+        scores = scores + A._upcast(bias)
+    t = None
+    if softcap is not None:
+        t = np.tanh(scores / float(softcap))
+        scores = float(softcap) * t
+    return A._masked_softmax(scores, mask, -1), t
+
+
+def _slopes_geometric_for_any_h(num_heads, dtype=np.float64):
+    """``2^(-8(h+1)/H)`` for every H, not only powers of two (the paper's rule ignored)."""
+    H = rules.alibi_slopes(num_heads)
+    return np.array([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)]).astype(float_dtype(dtype))
+
+
+def _alibi_signed_distance(sched, q0, q1, k0, k1, dtype):
+    """blockwise's ALiBi with the paper's causal form ``p_i - j`` instead of ``|p_i - j|``."""
+    return V._distance(q0, q1, k0, k1, sched.offset, dtype)
+
+
+def _angles_exponent_i(x, positions, base):
+    """``theta_i = base^(-i/Dh)`` instead of ``base^(-2i/Dh)``."""
+    L, Dh = x.shape[-2:]
+    dtype = np.float64 if x.dtype == np.float64 else np.float32
+    theta = (float(base) ** (-np.arange(Dh // 2, dtype=np.float64) / Dh)).astype(dtype)
+    p = np.arange(L) if positions is None else np.asarray(positions)
+    angle = p.astype(dtype)[..., None] * theta
+    if angle.ndim == 3 and x.ndim == 4:
+        angle = angle[:, None]
+    return np.cos(angle), np.sin(angle)
+
+
+def _rope_steps_from_zero(original):
+    """A cache that rotates each step's tokens at 0..T-1, not at their absolute positions."""
+    def rope_heads(qh, kh, rope, base, positions=None, sign=1.0):
+        if positions is not None and np.size(positions):
+            positions = positions - positions[0]
+        return original(qh, kh, rope, base, positions, sign)
+    return rope_heads
 
 
 # --------------------------------------------------------------------------
@@ -310,6 +366,39 @@ BW_OFFSET = {"blockwise/causal/bottom-right/wide", "blockwise/causal/bottom-righ
 #: no structure at all (mask arrays only)
 BW_PLAIN = {"blockwise/cross/none", "blockwise/cross/padding", "blockwise/cross/bias+padding",
             "blockwise/cross/scale", "blockwise/blocks/one-block", "blockwise/rank3/padding"}
+
+
+#: the variants' cases by what they exercise (conformance/cases_variants.py)
+GQA_GROUPED = {"gqa/sdpa/cross/padding", "gqa/sdpa/self/causal", "gqa/sdpa/cross/bias+padding+causal",
+               "gqa/sdpa/cross/bias-broadcast", "gqa/sdpa/cross/per-head", "gqa/sdpa/cross/fully-masked",
+               "gqa/sdpa/cross/dropout", "gqa/sdpa/poison/per-head-nan", "softcap/sdpa/gqa/cross/bias+padding",
+               "gqa/blockwise/cross/padding", "gqa/blockwise/causal/bottom-right", "gqa/blockwise/poison/padding-nan",
+               "alibi/blockwise/gqa+softcap/causal", "gqa/mha/self/causal", "gqa/mha/cross/padding",
+               "rope/mha/half/gqa/self/causal", "rope/mha/interleaved/gqa/self/padding+causal",
+               "rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs"}
+#: one kv head: h // H and h % 1 are both 0
+MQA = {"gqa/sdpa/mqa/cross/padding+causal", "gqa/sdpa/mqa/cross/bias", "gqa/blockwise/mqa/window+bias",
+       "gqa/mha/mqa/cross/padding+causal", "rope/mha/half/mqa/self/causal", "rope/cache/mqa/one-pass",
+       "gqa/cache/mqa/singles"}
+SOFTCAP_WITH_BIAS = {"softcap/sdpa/cross/bias+padding+causal", "softcap/sdpa/cross/mask_to_bias",
+                     "softcap/sdpa/gqa/cross/bias+padding"}
+SOFTCAP_NO_BIAS = {"softcap/sdpa/cross/padding", "softcap/sdpa/cross/fully-masked",
+                   "softcap/sdpa/cross/raw-scores-past-overflow", "softcap/sdpa/rank3/self/causal"}
+ROPE_FUNCTION = {"rope/half/rank3", "rope/half/rank4/shifted-positions",
+                 "rope/half/rank4/per-sequence-positions", "rope/interleaved/rank3",
+                 "rope/interleaved/rank4/shifted-positions",
+                 "rope/interleaved/rank4/per-sequence-positions",
+                 "rope/half/rank3/per-sequence-positions", "rope/half/large-positions",
+                 "rope/interleaved/rank4/large-per-sequence-positions",
+                 "rope/interleaved/base500"}
+ROPE_BLOCKS = {"rope/mha/half/gqa/self/causal", "rope/mha/interleaved/gqa/self/padding+causal",
+               "rope/mha/half/cross/padding", "rope/mha/half/mqa/self/causal",
+               "rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs",
+               "rope/cache/mqa/one-pass", "rope/cache/prefill3-pair"}
+#: a cache over several steps with RoPE (the one-pass case is a single step at 0)
+ROPE_STEPS = {"rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs",
+              "rope/cache/prefill3-pair"}
+NO_ROPE = {"gqa/mha/self/causal", "gqa/mha/cross/padding", "gqa/cache/mqa/singles"}
 
 
 def _bw_structure(strict=False, offset=None):
@@ -526,11 +615,36 @@ MUTANTS = [
     _m("blockwise/lse-without-max", "lse = log l, the running max forgotten", "blockwise._finish",
        _const(_bw_lse_without_max), BW_PLAIN | BW_STRUCTURAL | {"blockwise/length1/key"},
        spares={"blockwise/length0/key"}),  # no key: lse = -inf either way
+    # the modern variants (issue 15)
+    _m("gqa/kv-head-h-mod-hkv", "k/v repeated by tile: query head h reads kv head h % Hkv, not h // G",
+       "attention._repeat_kv", _const(_repeat_kv_tiled), GQA_GROUPED, spares=MQA),
+    _m("softcap/after-bias", "cap · tanh((s + bias) / cap): a -inf bias becomes -cap, a weight",
+       "attention._attention_probs", _const(_softcap_after_bias), SOFTCAP_WITH_BIAS, spares=SOFTCAP_NO_BIAS),
+    _m("alibi/slopes-geometric-for-any-h", "2^(-8(h+1)/H) for every H (the rule for non-powers of two ignored)",
+       "variants.alibi_slopes", _const(_slopes_geometric_for_any_h),
+       {"alibi/h6/bottom-right", "alibi/h12/symmetric/tall", "alibi/h3/square",
+        "alibi/slopes/h6", "alibi/slopes/h12"},
+       spares={"alibi/h8/causal-form", "alibi/h8/symmetric/bottom-right",
+               "alibi/slopes/h8", "alibi/slopes/h1"}),
+    _m("alibi/blockwise-signed-distance", "blockwise's ALiBi adds -slope (p - j), the causal form, not -slope |p - j|",
+       "blockwise._alibi_distance", _const(_alibi_signed_distance), {"alibi/blockwise/cross/none"},
+       spares={"alibi/blockwise/causal/bottom-right", "alibi/blockwise/window/bottom-right",
+               "alibi/blockwise/fully-masked", "alibi/blockwise/gqa+softcap/causal"}),  # j <= p: the forms agree
+    _m("rope/angle-exponent-i", "theta_i = base^(-i/Dh) instead of base^(-2i/Dh)", "variants._angles",
+       _const(_angles_exponent_i), ROPE_FUNCTION | ROPE_BLOCKS, spares=NO_ROPE),
+    _m("rope/conventions-swapped", "'half' pairs (2i, 2i+1) and 'interleaved' pairs (i, i + Dh/2)",
+       "variants._rotate",
+       lambda orig: lambda x, cos, sin, convention: orig(x, cos, sin, "half" if convention == "interleaved"
+                                                          else "interleaved"),
+       ROPE_FUNCTION | ROPE_BLOCKS, spares=NO_ROPE),
+    _m("cache/rope-steps-from-zero", "each cached step rotated at 0..T-1, not at length + t",
+       "attention._rope_heads", _rope_steps_from_zero, ROPE_STEPS,
+       spares={"rope/cache/mqa/one-pass", "gqa/cache/mqa/singles"} | ROPE_BLOCKS - ROPE_STEPS),
     # dtype
     _m("dtype/float32-scores", "a float64 call computes its scores in float32",
        "attention._attention_probs",
-       lambda orig: lambda q, k, mask, bias, scale: orig(q.astype(np.float32), k.astype(np.float32),
-                                                         mask, bias, scale),
+       lambda orig: lambda q, k, mask, bias, scale, softcap=None: orig(
+           q.astype(np.float32), k.astype(np.float32), mask, bias, scale, softcap),
        SDPA_PLAIN | MHA_PLAIN | ENC_LAYERS),
 ]
 

@@ -32,6 +32,7 @@ import functools
 import math
 import re
 import time
+from functools import partial
 
 import numpy as np
 import pytest
@@ -90,7 +91,8 @@ def max_change(a: dict, b: dict) -> float:
 
 def noise(outputs: dict) -> float:
     """What float64 rounding can move an output by: ``ZERO_RTOL`` of its size."""
-    sizes = [float(np.max(np.abs(o), initial=0)) for o in outputs.values() if np.size(o)]
+    sizes = [float(np.max(np.abs(o[np.isfinite(o)]), initial=0)) for o in map(np.asarray, outputs.values())
+             if np.size(o)]  # finite entries: a blockwise lse is -inf on an empty row
     return ZERO_RTOL * max([1.0, *sizes])
 
 
@@ -240,20 +242,23 @@ def scores(call: Call) -> np.ndarray:
         s = np.moveaxis(kw["x"], kw["axis"], -1)
         mask = None if kw["mask"] is None else np.moveaxis(np.broadcast_to(kw["mask"], kw["x"].shape),
                                                            kw["axis"], -1)
-    elif fn == "scaled_dot_product_attention":
+    elif fn in ("scaled_dot_product_attention", "blockwise_attention"):
+        # blockwise: the structure (causal, window) is not needed, large anywhere
         scale = 1 / np.sqrt(kw["q"].shape[-1]) if kw["scale"] is None else kw["scale"]
-        s = kw["q"] @ np.swapaxes(kw["k"], -1, -2) * scale
-        mask = kw["mask"]
-    elif fn == "blockwise_attention":  # the structure (causal, window) is not needed: large anywhere
-        scale = 1 / np.sqrt(kw["q"].shape[-1]) if kw["scale"] is None else kw["scale"]
-        s = kw["q"] @ np.swapaxes(kw["k"], -1, -2) * scale
+        s = kw["q"] @ np.swapaxes(grouped(kw["q"], kw["k"]), -1, -2) * scale
         mask = kw["mask"]
     elif fn == "multi_head_attention":
+        import numpy_ref
+
         p, H = kw["params"], kw["num_heads"]
+        Hkv = kw.get("num_kv_heads") or H
         B, Lq, D = kw["query"].shape
         q = (kw["query"] @ p["w_q"] + p["b_q"]).reshape(B, Lq, H, -1).swapaxes(1, 2)
-        k = (kw["key"] @ p["w_k"] + p["b_k"]).reshape(B, kw["key"].shape[1], H, -1).swapaxes(1, 2)
-        s = q @ k.swapaxes(-1, -2) / np.sqrt(D // H)
+        k = (kw["key"] @ p["w_k"] + p["b_k"]).reshape(B, kw["key"].shape[1], Hkv, -1).swapaxes(1, 2)
+        if kw.get("rope") is not None:
+            rotate = partial(numpy_ref.rotary_embedding, base=kw["rope_base"], convention=kw["rope"])
+            q, k = rotate(q), rotate(k)
+        s = q @ grouped(q, k).swapaxes(-1, -2) / np.sqrt(D // H)
         mask = kw["mask"]
     elif fn == "additive_attention":
         p = kw["params"]
@@ -263,11 +268,20 @@ def scores(call: Call) -> np.ndarray:
             mask = mask[:, 0]
     else:
         raise ValueError(fn)
+    if kw.get("softcap") is not None:  # before the bias: a -inf bias stays -inf
+        s = kw["softcap"] * np.tanh(s / kw["softcap"])
     if kw.get("bias") is not None:
         s = s + kw["bias"]
     if mask is not None:
         s = np.where(mask, s, -np.inf)
     return s
+
+
+def grouped(q, k):
+    """``k`` with its ``Hkv`` heads repeated to q's ``H`` (query head h reads kv head h // G)."""
+    if q.ndim != 4 or k.shape[1] == q.shape[1]:
+        return k
+    return np.repeat(k, q.shape[1] // k.shape[1], axis=1)
 
 
 def query_key_lengths(call: Call) -> tuple[int, int]:
@@ -409,6 +423,67 @@ def test_a_case_named_rank_n_has_an_input_of_rank_n(name):
     kw = CASES_BY_NAME[name].call().kwargs
     first = kw["q"] if "q" in kw else kw["x"]
     assert first.ndim == rank
+
+
+# --------------------------------------------------------------------------
+# the modern variants (conformance/cases_variants.py): each option does something
+
+
+def _option_cases(key):
+    return [n for n in VALUE if CASES_BY_NAME[n].call().kwargs.get(key) is not None]
+
+
+#: an option -> the value that switches it off (or to the other convention)
+OPTION_OFF = {"softcap": lambda v: None, "alibi_slopes": lambda v: None,
+              "rope": lambda v: "interleaved" if v == "half" else "half",
+              "convention": lambda v: "interleaved" if v == "half" else "half",
+              "positions": lambda v: None}
+
+
+@pytest.mark.parametrize("name,option", [(n, key) for key in OPTION_OFF for n in _option_cases(key)])
+def test_every_variant_option_changes_the_output(name, option):
+    """A soft cap, ALiBi slopes, a RoPE convention or explicit positions: switching
+    it off (or to the other convention) moves the outputs, so a backend ignoring it fails."""
+    call, outputs, _ = computed(name)
+    change = max_change(outputs, with_kwargs(call, **{option: OPTION_OFF[option](call.kwargs[option])}))
+    assert change > noise(outputs), f"{option}={call.kwargs[option]!r} moves the outputs by {change:.2g} only"
+
+
+def kv_heads(call: Call) -> tuple[int, int]:
+    """``(H, Hkv)`` of an attention call."""
+    kw = call.kwargs
+    if "q" in kw:
+        return kw["q"].shape[1], kw["k"].shape[1]
+    return kw["num_heads"], kw.get("num_kv_heads") or kw["num_heads"]
+
+
+@pytest.mark.parametrize("name", [n for n in VALUE if "gqa" in n or "mqa" in n])
+def test_gqa_cases_group_heads_and_mqa_cases_share_one(name):
+    """"gqa": 1 < Hkv < H, and head h // G differs from h % Hkv for some h (a
+    backend with the wrong mapping fails); "mqa": Hkv = 1."""
+    H, Hkv = kv_heads(CASES_BY_NAME[name].call())
+    if any(part.startswith("mqa") for part in name.split("/")):
+        assert Hkv == 1 < H
+    else:
+        assert 1 < Hkv < H and H % Hkv == 0
+        G = H // Hkv
+        assert any(h // G != h % Hkv for h in range(H))
+
+
+@pytest.mark.parametrize("name", [n for n in VALUE if "raw-scores-past-overflow" in n])
+def test_softcap_raw_scores_overflow_and_the_cap_decides(name):
+    """The raw scores are past exp's float32 overflow and several caps large, so a
+    backend that caps after the softmax's max shift, or not at all, is far off."""
+    call = CASES_BY_NAME[name].call()
+    raw = scores(dataclasses_replace(call, softcap=None))
+    big = np.max(np.abs(raw[np.isfinite(raw)]))
+    assert big > EXP_OVERFLOW_F32 and big > 3 * call.kwargs["softcap"]
+
+
+def dataclasses_replace(call: Call, **change) -> Call:
+    import dataclasses
+
+    return dataclasses.replace(call, kwargs={**call.kwargs, **change})
 
 
 # --------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 from conformance.__main__ import main
 from conformance.backends import Unavailable, load
 from conformance.cases import cases
+from conformance.examples.my_attention_backend import plain_sdpa
 from conformance.runner import matches, parse_select
 
 from . import broken_backend
@@ -95,8 +96,8 @@ def test_an_adapter_without_an_error_contract_has_its_error_cases_not_checked(ca
     line = next(l for l in out.splitlines() if l.startswith("my-attention: "))
     assert "errors not checked (no error contract declared)" in line
     assert f"{len(cases(error=True))} not checked" in line
-    value = cases(error=False)  # the example implements sdpa alone
-    n_sdpa = sum(c.function == "scaled_dot_product_attention" for c in value)
+    value = cases(error=False)  # the example implements sdpa alone, without GQA or a soft cap
+    n_sdpa = sum(c.function == "scaled_dot_product_attention" and plain_sdpa(c.call()) for c in value)
     assert f"float64 {n_sdpa}/{len(value)} value cases" in line
 
 
@@ -313,7 +314,7 @@ def test_pytest_plugin_runs_the_catalog_in_a_scratch_project(tmp_path):
     # each sdpa value case in float64 and float32, the user's own test, the coverage item;
     # skipped: every other value case in both dtypes, every error case (no error contract)
     value, errors = cases(error=False), cases(error=True)
-    n_sdpa = sum(c.function == "scaled_dot_product_attention" for c in value)
+    n_sdpa = sum(c.function == "scaled_dot_product_attention" and plain_sdpa(c.call()) for c in value)
     passed, skipped = 2 * n_sdpa + 2, 2 * (len(value) - n_sdpa) + len(errors)
     assert re.search(rf"\b{passed} passed, {skipped} skipped\b", proc.stdout), proc.stdout[-500:]
     testcases = ET.parse(tmp_path / "j.xml").getroot().iter("testcase")
@@ -351,7 +352,7 @@ CACHE_EXAMPLE = "conformance.examples.my_kv_cache_backend"
 
 
 def test_the_kv_cache_example_meets_the_full_pass_at_every_position(capsys):
-    code, out, _ = _run(capsys, "--backend", f"{CACHE_EXAMPLE}:MyCacheBackend", "-k", "incremental",
+    code, out, _ = _run(capsys, "--backend", f"{CACHE_EXAMPLE}:MyCacheBackend", "-k", "decoder/incremental",
                         "--require", "decoder")
     assert code == 0, out
     assert "my-kv-cache: 8 passed, 0 failed" in out
@@ -369,7 +370,7 @@ def test_a_cache_that_forgets_its_earlier_steps_fails_every_multi_step_case(caps
             return super().step(*args, **kwargs)
 
     monkeypatch.setattr(example.MyCacheBackend, "cache_class", ForgetfulCache)
-    code, out, _ = _run(capsys, "--backend", f"{CACHE_EXAMPLE}:MyCacheBackend", "-k", "incremental")
+    code, out, _ = _run(capsys, "--backend", f"{CACHE_EXAMPLE}:MyCacheBackend", "-k", "decoder/incremental")
     assert code == 1
     failed = {line.split()[3].rstrip(":") for line in _fail_lines(out) if line.startswith("FAIL my-kv-cache")}
     assert failed == {"decoder/incremental/empty-prefill-singles", "decoder/incremental/prefill1-pairs",
@@ -387,7 +388,9 @@ def test_the_flash_kernel_example_is_conformant_except_its_two_declared_differen
     pytest.importorskip("torch")
     code, out, _ = _run(capsys, "--backend", f"{FLASH_EXAMPLE}:MyFlashBackend", "-k", "blockwise")
     assert code == 0, out
-    assert "my-flash: 40 passed, 0 failed, 14 declared differences, 2 not supported" in out
+    # not supported: Lk = 0 in two dtypes, and the 13 blockwise cases of the variants (GQA, softcap,
+    # ALiBi: gqa/blockwise, softcap/blockwise, alibi/blockwise), which this kernel does not have
+    assert "my-flash: 40 passed, 0 failed, 14 declared differences, 28 not supported" in out
     assert "verdict my-flash: conformant except: empty-row-lse-zero, reads-masked-keys" in out
 
 
@@ -407,3 +410,97 @@ def test_a_flash_kernel_that_ignores_the_alignment_fails_the_bottom_right_cases(
                       "blockwise/window/causal-band", "blockwise/window+bias+padding"}
     # (blockwise/poison/causal-tall-mixed is bottom-right too, but every output of a poison
     # case is under the declared reads-masked-keys: a declaration excuses what it names)
+
+
+# --------------------------------------------------------------------------
+# a Llama-style block: GQA, RoPE and a KV cache (conformance/cases_variants.py)
+
+
+LLAMA_EXAMPLE = "conformance.examples.my_llama_backend"
+LLAMA_SELECT = "rope/ or gqa/"
+#: the Llama block's grouped cases with 1 < Hkv < H: h // G and h % Hkv differ there
+LLAMA_GROUPED = {"gqa/mha/self/causal", "gqa/mha/cross/padding", "rope/mha/half/gqa/self/causal",
+                 "rope/mha/interleaved/gqa/self/padding+causal", "rope/cache/gqa/prefill2-singles",
+                 "rope/cache/gqa/empty-prefill-pairs"}
+#: its cases with a rotary embedding (the catalog's own function, the blocks and the cache)
+LLAMA_ROPE = {"rope/half/rank3", "rope/half/rank4/shifted-positions",
+              "rope/half/rank4/per-sequence-positions", "rope/interleaved/rank3",
+              "rope/interleaved/rank4/shifted-positions",
+              "rope/interleaved/rank4/per-sequence-positions",
+              "rope/half/rank3/per-sequence-positions", "rope/half/large-positions",
+              "rope/interleaved/rank4/large-per-sequence-positions", "rope/interleaved/base500",
+              "rope/mha/half/gqa/self/causal", "rope/mha/interleaved/gqa/self/padding+causal",
+              "rope/mha/half/cross/padding", "rope/mha/half/mqa/self/causal",
+              "rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs",
+              "rope/cache/mqa/one-pass", "rope/cache/prefill3-pair"}
+
+
+def _llama_failures(capsys, *extra):
+    code, out, _ = _run(capsys, "--backend", f"{LLAMA_EXAMPLE}:MyLlamaBackend", "-k", LLAMA_SELECT, *extra)
+    failed = {line.split()[3].rstrip(":") for line in _fail_lines(out) if line.startswith("FAIL my-llama")}
+    return code, out, failed
+
+
+def test_the_llama_example_is_conformant_except_its_float32_rope_tables(capsys):
+    """Outputs and gradients of 22 cases in two dtypes; in float64 every RoPE case
+    differs as declared (Hugging Face's cos/sin table is float32 whatever the input)."""
+    pytest.importorskip("torch")
+    code, out, failed = _llama_failures(capsys)
+    assert code == 0 and not failed, out
+    assert "my-llama: 26 passed, 0 failed, 18 declared differences" in out
+    assert "verdict my-llama: conformant except: rope-angles-float32" in out
+
+
+def test_a_llama_block_mapping_query_heads_by_h_mod_hkv_fails_exactly_the_grouped_cases(capsys, monkeypatch):
+    """The common bug: k/v repeated with ``repeat`` (tile) instead of ``repeat_interleave``,
+    so query head h reads kv head h % Hkv. Multi-query (Hkv = 1) cannot see it."""
+    pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from conformance.examples import my_llama_backend as example
+
+    class Tiled(example.LlamaAttention):
+        def attend(self, q, k, v, mask):
+            G = self.H // self.Hkv
+            return F.scaled_dot_product_attention(q, k.repeat(1, G, 1, 1), v.repeat(1, G, 1, 1), attn_mask=mask)
+
+    monkeypatch.setattr(example.MyLlamaBackend, "attention_class", Tiled)
+    code, out, failed = _llama_failures(capsys, "--dtype", "float32")  # float64: under the RoPE declaration
+    assert code == 1
+    assert failed == LLAMA_GROUPED
+
+
+def test_a_llama_rotation_pairing_interleaved_features_fails_every_rope_case(capsys, monkeypatch):
+    """The convention mixed up: the cos/sin table of ``rotate_half`` applied to the pairs
+    (2i, 2i+1). Every RoPE case fails, the grouped attention without RoPE passes."""
+    torch = pytest.importorskip("torch")
+    from conformance.examples import my_llama_backend as example
+
+    def interleaved(x, cos, sin):
+        if x.ndim == 4:
+            cos, sin = cos[:, None], sin[:, None]
+        half = x.shape[-1] // 2
+        c, s, a, b = cos[..., :half], sin[..., :half], x[..., 0::2], x[..., 1::2]
+        return torch.stack([a * c - b * s, a * s + b * c], dim=-1).reshape(x.shape)
+
+    monkeypatch.setattr(example, "apply_rotary", interleaved)
+    code, out, failed = _llama_failures(capsys, "--dtype", "float32")
+    assert code == 1
+    assert failed == LLAMA_ROPE
+
+
+def test_a_llama_cache_rotating_each_step_from_position_0_fails_the_multi_step_rope_cases(capsys, monkeypatch):
+    """The cache bug: a step's queries and keys rotated at 0..T-1 instead of their
+    absolute positions. A single pass, and a cache without RoPE, cannot see it."""
+    pytest.importorskip("torch")
+    from conformance.examples import my_llama_backend as example
+
+    class FromZero(example.LlamaAttention):
+        def _rotate(self, x, start):
+            return super()._rotate(x, 0)
+
+    monkeypatch.setattr(example.MyLlamaBackend, "attention_class", FromZero)
+    code, out, failed = _llama_failures(capsys, "--dtype", "float32")
+    assert code == 1
+    assert failed == {"rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs",
+                      "rope/cache/prefill3-pair"}
