@@ -17,4 +17,4 @@ from .cache import *  # noqa: F401,F403
 from .seq2seq import *  # noqa: F401,F403
 from .transformer import *  # noqa: F401,F403
 
-SPEC_VERSION = "1.3"
+SPEC_VERSION = "1.4"

@@ -23,7 +23,8 @@ their output *shape* depends on their arguments (``max(lengths)``), which
 concrete arrays. Error cases of the other functions are traced like any
 other case, so their shape and dtype errors are raised at trace time, except
 those of the functions whose rules also read array *values* (``VALUE_RULES``:
-``lengths`` in ``[0, L]``, token ids in ``[0, V)``), which wait for concrete
+``lengths`` in ``[0, L]``, token ids in ``[0, V)``, non-negative rotary
+positions), which wait for concrete
 arrays and so run eagerly: under ``jit`` those values are tracers.
 
 The recurrent functions (``rnn``, ``gru``, the encoder-decoders and the greedy
@@ -52,7 +53,7 @@ EAGER = frozenset(
 #: their error cases run eagerly
 VALUE_RULES = frozenset(
     {"rnn", "gru", "seq2seq", "attention_seq2seq", "seq2seq_greedy", "attention_seq2seq_greedy",
-     "transformer", "greedy_decode", "cross_entropy", "decoder_step"}
+     "transformer", "greedy_decode", "cross_entropy", "decoder_step", "rotary_embedding"}
 )
 
 
