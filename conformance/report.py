@@ -434,6 +434,13 @@ def _md(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
+def _function(case: str) -> str | None:
+    from .cases import CASES_BY_NAME
+
+    found = CASES_BY_NAME.get(case)
+    return None if found is None else found.function
+
+
 def peer_markdown(outcomes, backends, problems=(), unavailable=None) -> str:
     """README's peer table: per peer what it runs, what the adapter converts and
     its verdict, then every declared difference with the cases it affects.
@@ -446,8 +453,11 @@ def peer_markdown(outcomes, backends, problems=(), unavailable=None) -> str:
     for b in backends:
         mine = [o for o in outcomes if o.backend == b.name and o.dtype is not None]
         cases = list(dict.fromkeys(o.case for o in mine if o.ran))
+        # the cases of the functions it runs that it could not express (by function: the
+        # variants' components hold cases of several functions)
+        ran = {_function(x.case) for x in mine if x.ran}
         skipped = list(dict.fromkeys(o.case for o in mine if o.status == "unsupported"
-                                     and o.component in {x.component for x in mine if x.ran}))
+                                     and _function(o.case) in ran))
         dtypes = list(dict.fromkeys(o.dtype for o in mine if o.ran))
         run = f"{len(cases)} × {', '.join(dtypes)}"
         if skipped:
