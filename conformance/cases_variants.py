@@ -348,7 +348,8 @@ def _params(r, D, H, Hkv):
     }
 
 
-def _mha(r, D=16, H=4, Hkv=2, Lq=5, Lk=7, self_attn=False, mask="none", rope=None, rope_base=10000.0):
+def _mha(r, D=16, H=4, Hkv=2, Lq=5, Lk=7, self_attn=False, mask="none", rope=None, rope_base=10000.0,
+         softcap=None):
     params = _params(r, D, H, Hkv)
     query = _normal(r, B, Lq, D)
     if self_attn:
@@ -361,6 +362,8 @@ def _mha(r, D=16, H=4, Hkv=2, Lq=5, Lk=7, self_attn=False, mask="none", rope=Non
           "num_kv_heads": Hkv}
     if rope is not None:
         kw.update(rope=rope, rope_base=rope_base)
+    if softcap is not None:
+        kw.update(softcap=softcap)
     return kw
 
 
@@ -380,13 +383,18 @@ _case("rope/mha/half/cross/padding", _MHA, partial(_mha, D=12, H=3, Hkv=3, mask=
       note="q at positions 0..Lq-1, k at 0..Lk-1 (absolute, from 0)", **_ROPE_B_K)
 _case("rope/mha/half/mqa/self/causal", _MHA,
       partial(_mha, D=12, H=3, Hkv=1, self_attn=True, mask="causal", rope="half"), **_ROPE_B_K)
+_case("softcap/mha/gqa/rope/self/padding+causal", _MHA,
+      partial(_mha, self_attn=True, mask="padding+causal", rope="half", softcap=0.5),
+      note="a Gemma-2-style block: GQA, RoPE, scores capped at 0.5 before the mask", **_ROPE_B_K)
 
 
-def _incremental(r, chunks, D=16, H=4, Hkv=2, rope="half", rope_base=10000.0):
+def _incremental(r, chunks, D=16, H=4, Hkv=2, rope="half", rope_base=10000.0, softcap=None):
     kw = {"x": _normal(r, B, L, D), "params": _params(r, D, H, Hkv), "num_heads": H, "chunks": tuple(chunks),
           "num_kv_heads": Hkv}
     if rope is not None:
         kw.update(rope=rope, rope_base=rope_base)
+    if softcap is not None:
+        kw.update(softcap=softcap)
     return kw
 
 
@@ -401,6 +409,8 @@ _case("rope/cache/mqa/one-pass", _INC, partial(_incremental, chunks=(5,), D=12, 
 _case("gqa/cache/mqa/singles", _INC, partial(_incremental, chunks=(1, 1, 1, 1, 1), D=12, H=3, Hkv=1,
                                                    rope=None),
       key_bias=False, zero=_zero("params.b_k", _KEY_BIAS))
+_case("softcap/cache/gqa/rope/prefill2-pair-single", _INC, partial(_incremental, chunks=(2, 2, 1), softcap=0.5),
+      key_bias=False, note="each step's scores capped as the full pass's")
 _case("rope/cache/prefill3-pair", _INC,
       partial(_incremental, chunks=(3, 2), D=12, H=3, Hkv=None), key_bias=False,
       note="num_kv_heads None: H kv heads")
@@ -423,6 +433,9 @@ _err("gqa/mha-w_k-shape", _MHA, "ValueError", "params.w_k",
 _err("rope/mha-odd-head-width", _MHA, "ValueError", "num_heads",
      lambda r: _mha(r, D=12, H=4, Hkv=2, mask="padding", rope="half"), note="Dh = 3")
 _err("rope/mha-unknown", _MHA, "ValueError", "rope", _mha_bad(rope=lambda kw, r: "neox"))
+_err("softcap/mha-negative", _MHA, "ValueError", "softcap", _mha_bad(softcap=lambda kw, r: -1.0))
+_err("softcap/cache-zero", _INC, "ValueError", "softcap",
+     lambda r: {**_incremental(r, chunks=(2, 1, 1, 1)), "softcap": 0.0})
 _err("gqa/cache-chunks-sum", _INC, "ValueError", "chunks",
      lambda r: {**_incremental(r, chunks=(2, 1, 1, 1)), "chunks": (2, 2)})
 _err("gqa/cache-num_kv_heads-indivisible", _INC, "ValueError", "num_kv_heads",

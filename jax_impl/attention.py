@@ -217,6 +217,7 @@ def _additive_hidden(query, keys, params):
 def multi_head_attention(
     query, key, value, params, num_heads, *, mask=None, bias=None,
     dropout_p=0.0, dropout_mask=None, rng=None, num_kv_heads=None, rope=None, rope_base=10000.0,
+    softcap=None,
 ):
     """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
 
@@ -225,7 +226,9 @@ def multi_head_attention(
     ``b_k``, ``b_v`` on the projections), attention scaled by ``1/sqrt(Dh)``.
     ``G = H / Hkv`` query heads share a key/value head (grouped-query
     attention; ``Hkv = 1`` multi-query); ``rope`` rotates the query heads at
-    positions ``arange(Lq)`` and the key heads at ``arange(Lk)``.
+    positions ``arange(Lq)`` and the key heads at ``arange(Lk)``; ``softcap``
+    caps each head's scaled scores, ``cap · tanh(s / cap)``, before the bias
+    and the mask (Gemma 2).
 
     Args:
       query: ``(B, Lq, D)``.
@@ -239,6 +242,7 @@ def multi_head_attention(
       num_kv_heads: ``Hkv`` (static), dividing ``H``; None = ``H``.
       rope: None, ``"half"`` or ``"interleaved"`` (static), the rotary
         convention; rope_base: its frequency base (static).
+      softcap: None or a positive float (static), the cap of the scores.
 
     Returns:
       ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
@@ -246,7 +250,7 @@ def multi_head_attention(
       ``out`` row is ``b_o``.
     """
     Hkv = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
-                    num_kv_heads, rope, rope_base)  # SPEC 3.8
+                    num_kv_heads, rope, rope_base, softcap)  # SPEC 3.8
     # SPEC 3.4a: a position no query of any head may attend is never read
     read = _read_positions(_read_keys(mask, bias))  # (B|1, Lk, 1) or None
     key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
@@ -256,7 +260,7 @@ def multi_head_attention(
         qh, kh = _rotary(qh, None, rope_base, rope), _rotary(kh, None, rope_base, rope)  # (B, H|Hkv, L, Dh)
     # 3) attend (which zeroes the keys a single head does not read)
     heads, weights = scaled_dot_product_attention(
-        qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng
+        qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng, softcap=softcap
     )  # (B, H, Lq, Dh), (B, H, Lq, Lk)
     # 4) concat
     concat = _merge_heads(heads)  # (B, Lq, D)

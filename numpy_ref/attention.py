@@ -363,6 +363,7 @@ def _additive_hidden(query, keys, params):
 def multi_head_attention(
     query, key, value, params, num_heads, *, mask=None, bias=None,
     dropout_p=0.0, dropout_mask=None, rng=None, num_kv_heads=None, rope=None, rope_base=10000.0,
+    softcap=None,
 ):
     """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
 
@@ -375,6 +376,8 @@ def multi_head_attention(
     key/value head ``h // (H / Hkv)``. Rotary embedding (``rope``): after the
     head split, the query heads are rotated at positions ``arange(Lq)`` and
     the key heads at ``arange(Lk)`` (:func:`~numpy_ref.variants.rotary_embedding`).
+    Soft-capping (``softcap``): each head's scaled scores become
+    ``cap · tanh(s / cap)`` before the bias and the mask (Gemma 2).
 
     Args:
       query: ``(B, Lq, D)``.
@@ -388,6 +391,7 @@ def multi_head_attention(
       num_kv_heads: ``Hkv``, dividing ``H`` (None: ``H``).
       rope: None, ``"half"`` or ``"interleaved"``, the rotary convention.
       rope_base: the rotary ``base``.
+      softcap: None or a positive float, the cap of the scores.
 
     Returns:
       ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
@@ -395,7 +399,7 @@ def multi_head_attention(
       ``out`` row is ``b_o``.
     """
     Hkv = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
-                    num_kv_heads, rope, rope_base)  # SPEC 3.8
+                    num_kv_heads, rope, rope_base, softcap)  # SPEC 3.8
     # SPEC 3.4a: a position no query of any head may attend is never read
     read = _read_positions(_read_keys(mask, bias))  # (B|1, Lk, 1) or None
     key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
@@ -404,7 +408,7 @@ def multi_head_attention(
     qh, kh = _rope_heads(qh, kh, rope, rope_base)  # (B, H, Lq, Dh), (B, Hkv, Lk, Dh)
     # 3) attend (which zeroes the keys a single head does not read; GQA from the shapes)
     heads, weights = scaled_dot_product_attention(
-        qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng
+        qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng, softcap=softcap
     )  # (B, H, Lq, Dh), (B, H, Lq, Lk)
     # 4) concat
     concat = _merge_heads(heads)  # (B, Lq, D)
@@ -415,6 +419,7 @@ def multi_head_attention(
 def multi_head_attention_backward(
     d_out, query, key, value, params, num_heads, *, mask=None, bias=None,
     dropout_p=0.0, dropout_mask=None, rng=None, num_kv_heads=None, rope=None, rope_base=10000.0,
+    softcap=None,
 ):
     """Gradient of :func:`multi_head_attention`, the forward steps in reverse.
 
@@ -433,7 +438,7 @@ def multi_head_attention_backward(
       d_out: cotangent of ``out`` ``(B, Lq, D)``, or a tuple
         ``(d_out, d_weights)`` with ``d_weights (B, H, Lq, Lk)`` or None.
       query, key, value, params, num_heads, mask, bias, dropout_p,
-        dropout_mask, rng, num_kv_heads, rope, rope_base: as for the forward;
+        dropout_mask, rng, num_kv_heads, rope, rope_base, softcap: as for the forward;
         ``dropout_p > 0`` needs the ``dropout_mask`` it ran with.
 
     Returns:
@@ -443,7 +448,7 @@ def multi_head_attention_backward(
       ``q · b_k`` shifts a whole score row, which the softmax ignores.
     """
     Hkv = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
-                    num_kv_heads, rope, rope_base)  # SPEC 3.8
+                    num_kv_heads, rope, rope_base, softcap)  # SPEC 3.8
     rules.require_mask(dropout_p, dropout_mask, "dropout_p", "dropout_mask")  # the forward's keep-mask
     (B, Lq, D), Lk = query.shape, key.shape[1]
     d_out, d_weights = rules.cotangents(  # query's dtype, out's and weights' shapes
@@ -460,7 +465,7 @@ def multi_head_attention_backward(
     kh, vh = _repeat_kv(kh, G), _repeat_kv(vh, G)  # (B, H, Lk, Dh): query head h reads kv head h // G
     kh, vh = _unread_to_zero(kh, read_h), _unread_to_zero(vh, read_h)  # (B, H, Lk, Dh)
     scale = _scale(qh, None)
-    p, _ = _attention_probs(qh, kh, mask, bias, scale)  # (B, H, Lq, Lk), float32 for half
+    p, t = _attention_probs(qh, kh, mask, bias, scale, softcap)  # (B, H, Lq, Lk), float32 for half
     keep = _keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
     dropped = _dropout(p.astype(query.dtype, copy=False), keep, dropout_p)  # (B, H, Lq, Lk)
     concat = _merge_heads(_matmul(dropped, vh))  # (B, Lq, D)
@@ -471,7 +476,7 @@ def multi_head_attention_backward(
     d_heads = _split_heads(g_o["x"], num_heads)  # (B, H, Lq, Dh)
     # 3) attend
     g = _attention_grads(
-        d_heads, d_weights, qh, kh, vh, bias, scale, dropout_p, p, keep, dropped, read_h, None, G
+        d_heads, d_weights, qh, kh, vh, bias, scale, dropout_p, p, keep, dropped, read_h, t, G
     )  # q: (B, H, Lq, Dh), k/v: (B, Hkv, Lk, Dh), summed over each query group
     # 2) split heads, rotate: the rotation by -angle
     dqh, dkh = _rope_heads(g["q"], g["k"], rope, rope_base, sign=-1.0)  # (B, H|Hkv, Lq|Lk, Dh)

@@ -281,7 +281,7 @@ def _additive_hidden(query, keys, params):
 def multi_head_attention(
     query, key, value, params, num_heads, *, mask=None, bias=None,
     dropout_p=0.0, dropout_mask=None, rng=None, need_weights=True,
-    num_kv_heads=None, rope=None, rope_base=10000.0,
+    num_kv_heads=None, rope=None, rope_base=10000.0, softcap=None,
 ):
     """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
 
@@ -292,6 +292,8 @@ def multi_head_attention(
     (grouped-query attention), ``g(h) = h // (H / Hkv)``. With ``rope``, the
     query heads are rotated at positions ``0 .. Lq - 1`` and the key heads at
     ``0 .. Lk - 1`` (:func:`~torch_impl.variants.rotary_embedding`) before attending.
+    With ``softcap``, each head's scaled scores become ``cap · tanh(s / cap)``
+    before the bias and the mask (Gemma 2).
 
     Args:
       query: ``(B, Lq, D)``.
@@ -306,6 +308,8 @@ def multi_head_attention(
       num_kv_heads: ``Hkv``, dividing ``H`` (None = ``H``; 1 = multi-query).
       rope: None, ``"half"`` or ``"interleaved"``: the RoPE convention.
       rope_base: RoPE's ``base``.
+      softcap: None or a positive float, the cap of the scores (the math path:
+        the fused kernel has no cap).
 
     Returns:
       ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
@@ -313,7 +317,7 @@ def multi_head_attention(
       ``out`` row is ``b_o``.
     """
     num_kv_heads = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p,
-                             dropout_mask, num_kv_heads, rope, rope_base)  # SPEC 3.8; Hkv
+                             dropout_mask, num_kv_heads, rope, rope_base, softcap)  # SPEC 3.8; Hkv
     # SPEC 3.4a: a position no query of any head may attend is never read
     read = _read_positions(_read_keys(mask, bias))  # (B|1, Lk, 1) or None
     key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
@@ -322,7 +326,7 @@ def multi_head_attention(
         qh, kh = _rotate(qh, None, rope_base, rope), _rotate(kh, None, rope_base, rope)
     # 3) attend (which zeroes the keys a single head does not read)
     heads, weights = _attend(
-        qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng, need_weights
+        qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng, need_weights, softcap
     )  # (B, H, Lq, Dh), (B, H, Lq, Lk) or None
     # 4) concat
     concat = _merge_heads(heads)  # (B, Lq, D)

@@ -95,7 +95,7 @@ def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=None, d
 
 
 def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=None,
-                        rope_base=10000.0):
+                        rope_base=10000.0, softcap=None):
     """Causal self-attention of ``T`` new tokens over the cache and themselves.
 
     ``q, k, v = x @ w_{q,k,v} + b_{q,k,v}`` split into heads (``H`` query
@@ -103,7 +103,8 @@ def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=
     at their absolute positions ``p = length + t``; ``k``, ``v`` written to
     slots ``[length, length + T)`` of a new cache; the query at position
     ``p`` of head ``h`` attends the slots ``j <= p`` of kv head
-    ``h // (H / Hkv)``; ``out = concat(heads) @ w_o + b_o``.
+    ``h // (H / Hkv)`` (scores soft-capped with ``softcap``);
+    ``out = concat(heads) @ w_o + b_o``.
 
     Args:
       x: ``(B, T, D)``, the new tokens (``T >= 0``).
@@ -115,24 +116,25 @@ def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=
       num_kv_heads: ``Hkv``, dividing ``H`` (None = ``H``).
       rope: None, ``"half"`` or ``"interleaved"``: the RoPE convention.
       rope_base: RoPE's ``base``.
+      softcap: None or a positive float, the cap of the scores.
 
     Returns:
       ``(out (B, T, D), new_cache)`` with ``new_cache["length"] = length + T``.
     """
     num_kv_heads = rules.self_attention_step(x, params, num_heads, cache, num_kv_heads, rope,
-                                             rope_base)  # shapes, dtypes, room for T tokens; Hkv
-    return _self_attention_step(x, params, num_heads, cache, num_kv_heads, rope, rope_base)
+                                             rope_base, softcap)  # shapes, dtypes, room for T tokens; Hkv
+    return _self_attention_step(x, params, num_heads, cache, num_kv_heads, rope, rope_base, softcap)
 
 
 def self_attention_incremental(x, params, num_heads, *, chunks, num_kv_heads=None, rope=None,
-                               rope_base=10000.0):
+                               rope_base=10000.0, softcap=None):
     """Causal self-attention run chunk by chunk through the cache.
 
     ``cache = init_attention_cache(B, H, L, D, num_kv_heads=Hkv)``, then
     :func:`self_attention_step` over consecutive chunks of ``x``, the
     outputs concatenated. By THE LAW it equals
     ``multi_head_attention(x, x, x, params, H, mask=causal_mask(L),
-    num_kv_heads=Hkv, rope=rope, rope_base=rope_base)[0]``, gradients
+    num_kv_heads=Hkv, rope=rope, rope_base=rope_base, softcap=softcap)[0]``, gradients
     included (autograd flows through the out-of-place cache writes).
 
     Args:
@@ -140,19 +142,19 @@ def self_attention_incremental(x, params, num_heads, *, chunks, num_kv_heads=Non
       params: multi-head attention params.
       num_heads: ``H``.
       chunks: ints ``>= 0`` summing to ``L``, e.g. ``(0, 3, 1, 1)``.
-      num_kv_heads, rope, rope_base: as :func:`self_attention_step`.
+      num_kv_heads, rope, rope_base, softcap: as :func:`self_attention_step`.
 
     Returns:
       ``(B, L, D)``.
     """
     chunks, num_kv_heads = rules.self_attention_incremental(  # mha's checks; chunks summing to L; Hkv
-        x, params, num_heads, chunks, num_kv_heads, rope, rope_base)
+        x, params, num_heads, chunks, num_kv_heads, rope, rope_base, softcap)
     B, L, D = x.shape
     cache = _empty_cache(B, num_kv_heads, L, D // num_heads, x.dtype, x.device)
     outs, start = [], 0
     for T in chunks:
         out, cache = _self_attention_step(x[:, start:start + T], params, num_heads, cache,
-                                          num_kv_heads, rope, rope_base)
+                                          num_kv_heads, rope, rope_base, softcap)
         outs.append(out)
         start += T
     return torch.cat(outs, dim=1) if outs else x[:, :0].clone()  # (B, L, D)
@@ -296,7 +298,7 @@ def _write(buffer, new, start):
 
 
 def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=None,
-                         rope_base=10000.0):
+                         rope_base=10000.0, softcap=None):
     n, T, C = int(cache["length"]), x.shape[1], cache["k"].shape[2]
     q, k, v = _project_heads(x, x, x, params, num_heads, num_kv_heads)  # (B, H|Hkv, T, Dh)
     positions = n + torch.arange(T, device=x.device)  # (T,): the absolute positions of the new tokens
@@ -305,7 +307,7 @@ def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=No
     keys, values = _write(cache["k"], k, n), _write(cache["v"], v, n)  # (B, Hkv, C, Dh)
     # query t sits at position n + t and sees slots j <= n + t (never the empty ones beyond)
     mask = torch.arange(C, device=x.device)[None, :] <= positions[:, None]  # (T, C)
-    heads, _ = _attend(q, keys, values, mask, None, None, 0.0, None, None, True)  # (B, H, T, Dh)
+    heads, _ = _attend(q, keys, values, mask, None, None, 0.0, None, None, True, softcap)  # (B, H, T, Dh)
     out = _merge_heads(heads) @ params["w_o"] + params["b_o"]  # (B, T, D)
     return out, {"k": keys, "v": values, "length": cache["length"] + T}
 

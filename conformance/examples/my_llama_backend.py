@@ -212,6 +212,8 @@ class MyLlamaBackend(Backend):
         kw = call.kwargs
         if call.function == "rotary_embedding":
             return True
+        if kw.get("softcap") is not None:  # a Llama block has no soft cap (Gemma 2's has)
+            return False
         if call.function == "self_attention_incremental":
             return True
         return (call.function == "multi_head_attention" and ("rope" in kw or "num_kv_heads" in kw)

@@ -204,10 +204,10 @@ class Rules(ArrayRules):
         return mask
 
     def mha(self, query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
-            num_kv_heads=None, rope=None, rope_base=10000.0) -> int:
+            num_kv_heads=None, rope=None, rope_base=10000.0, softcap=None) -> int:
         """``multi_head_attention``: ``(B, L, D)`` inputs, eight ``(D, D)``/``(D,)``
         params (``w_k``, ``w_v`` ``(D, Hkv·Dh)`` with ``num_kv_heads``), a rotary
-        embedding (an even ``Dh``). Returns ``Hkv``."""
+        embedding (an even ``Dh``), a soft cap. Returns ``Hkv``."""
         self.leaves(params, "params", _MHA)
         self.arrays({"query": query, "key": key, "value": value},
                     {"mask": mask, "bias": bias, "dropout_mask": dropout_mask})
@@ -221,6 +221,7 @@ class Rules(ArrayRules):
         self.shape(key, "key", ("B", "Lk", "D"), {"B": B, "D": D})
         self.shape(value, "value", ("B", "Lk", "D"), {"B": B, "Lk": key.shape[1], "D": D})
         self.rope(rope, rope_base, D // H)
+        self.softcap(softcap)
         target = (B, H, Lq, key.shape[1])
         self._extras(mask, bias, dropout_p, dropout_mask, target, ("B", "H", "Lq", "Lk"), query, "query")
         for name, x in (("key", key), ("value", value), *named.items()):
@@ -828,22 +829,22 @@ class Rules(ArrayRules):
         return B, H, self.count(capacity, "capacity"), D
 
     def self_attention_step(self, x, params, num_heads, cache, num_kv_heads=None, rope=None,
-                            rope_base=10000.0) -> int:
+                            rope_base=10000.0, softcap=None) -> int:
         """``self_attention_step``: ``x (B, T, D)``, the eight mha params (grouped
         or not), a rotary embedding, a cache of ``(B, Hkv, C, Dh)`` with room
         for T more tokens. Returns ``Hkv``."""
-        B, T, D, H, Hkv = self._self_attention(x, params, num_heads, num_kv_heads, rope, rope_base)
+        B, T, D, H, Hkv = self._self_attention(x, params, num_heads, num_kv_heads, rope, rope_base, softcap)
         self._attention_cache(cache, "cache", x, B, Hkv, D // H, T, heads="Hkv" if Hkv != H else "H")
         return Hkv
 
     def self_attention_incremental(self, x, params, num_heads, chunks, num_kv_heads=None, rope=None,
-                                   rope_base=10000.0) -> tuple:
+                                   rope_base=10000.0, softcap=None) -> tuple:
         """``self_attention_incremental``: :meth:`self_attention_step`'s ``x``,
         params and options, ``chunks`` summing to ``L``. Returns ``(chunks, Hkv)``."""
-        *_, Hkv = self._self_attention(x, params, num_heads, num_kv_heads, rope, rope_base)
+        *_, Hkv = self._self_attention(x, params, num_heads, num_kv_heads, rope, rope_base, softcap)
         return self.chunks(chunks, int(x.shape[1])), Hkv
 
-    def _self_attention(self, x, params, num_heads, num_kv_heads, rope, rope_base) -> tuple:
+    def _self_attention(self, x, params, num_heads, num_kv_heads, rope, rope_base, softcap=None) -> tuple:
         self.leaves(params, "params", _MHA)
         self.array(x, "x")
         self.float_(x, "x")
@@ -856,6 +857,7 @@ class Rules(ArrayRules):
         for name, y in named.items():
             self.same_device(y, name, x, "x")
         self.rope(rope, rope_base, D // H)
+        self.softcap(softcap)
         return B, T, D, H, Hkv
 
     def chunks(self, chunks, L) -> tuple:

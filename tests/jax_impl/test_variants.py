@@ -286,13 +286,14 @@ def _structural(statics, p, j):
 # multi-head attention: num_kv_heads and rope; the converter
 
 
-@pytest.mark.parametrize("Hkv, rope", [(2, "half"), (1, "interleaved"), (HQ, "half")])
-def test_mha_with_kv_heads_and_rope_equals_numpy_ref_with_gradients(Hkv, rope, rng):
+@pytest.mark.parametrize("Hkv, rope, softcap", [(2, "half", None), (1, "interleaved", None), (HQ, "half", None),
+                                                (2, "half", 0.8)])
+def test_mha_with_kv_heads_and_rope_equals_numpy_ref_with_gradients(Hkv, rope, softcap, rng):
     mask = rng.random((B, 1, LQ, LK)) < 0.8
     mask[0, :, 1] = False
     kwargs = {"query": _n(rng, B, LQ, D_GQA), "key": _n(rng, B, LK, D_GQA), "value": _n(rng, B, LK, D_GQA),
               "params": _gqa_params(rng, Hkv), "num_heads": HQ, "mask": mask, "num_kv_heads": Hkv,
-              "rope": rope, "rope_base": 300.0}
+              "rope": rope, "rope_base": 300.0, "softcap": softcap}
     cts = (_n(rng, B, LQ, D_GQA), _n(rng, B, HQ, LQ, LK))
     (out, weights), grads = jax_vjp(ji.multi_head_attention, kwargs, cts)
     want_out, want_weights = nr.multi_head_attention(**kwargs)
@@ -370,9 +371,11 @@ def test_self_attention_incremental_is_the_causal_pass_under_jit(chunks, rng):
     np.testing.assert_allclose(out, _causal_mha(x, params, Hkv, rope), **TOL)
 
 
-def test_self_attention_incremental_gradient_equals_numpy_ref(rng):
+@pytest.mark.parametrize("softcap", [None, 0.6])
+def test_self_attention_incremental_gradient_equals_numpy_ref(softcap, rng):
     kwargs = {"x": _n(rng, B, 5, D_GQA), "params": _gqa_params(rng, 2), "num_heads": HQ,
-              "chunks": (2, 1, 2), "num_kv_heads": 2, "rope": "interleaved", "rope_base": 300.0}
+              "chunks": (2, 1, 2), "num_kv_heads": 2, "rope": "interleaved", "rope_base": 300.0,
+              "softcap": softcap}
     d_out = _n(rng, B, 5, D_GQA)
     out, grads = jax_vjp(ji.self_attention_incremental, kwargs, d_out)
     np.testing.assert_allclose(out, nr.self_attention_incremental(**kwargs), **TOL)

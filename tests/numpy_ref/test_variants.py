@@ -469,6 +469,7 @@ MHA_CASES = {
     "rope-interleaved+causal": dict(rope="interleaved", mask=np.tril(np.ones((LQ, LK), bool)),
                                     rope_base=50.0),
     "gqa+rope+bias+dropout": dict(num_kv_heads=2, rope="half", bias="(H,1,Lk)", dropout_p=0.2),
+    "gqa+rope+softcap+padding": dict(num_kv_heads=3, rope="half", softcap=1.5, mask=padding([4, 6])),
 }
 
 
@@ -551,12 +552,13 @@ CHUNKS = [(7,), (0, 3, 1, 1, 2), (1,) * 7, (2, 5), (4, 0, 3)]
 
 
 @pytest.mark.parametrize("chunks", CHUNKS, ids=str)
-@pytest.mark.parametrize("Hkv,rope", [(2, "half"), (1, "interleaved"), (None, "half"), (3, None)])
-def test_cached_self_attention_equals_the_causal_pass(Hkv, rope, chunks):
+@pytest.mark.parametrize("Hkv,rope,softcap", [(2, "half", None), (1, "interleaved", None), (None, "half", None),
+                                              (3, None, None), (2, "half", 0.75)])
+def test_cached_self_attention_equals_the_causal_pass(Hkv, rope, softcap, chunks):
     rng = np.random.default_rng(40)
     params = perturbed(init_multi_head_attention(rng, D, num_heads=H, num_kv_heads=Hkv), rng)
     x = rng.normal(size=(B, L, D))
-    kw = dict(num_kv_heads=Hkv, rope=rope, rope_base=300.0)
+    kw = dict(num_kv_heads=Hkv, rope=rope, rope_base=300.0, softcap=softcap)
     got = self_attention_incremental(x, params, H, chunks=chunks, **kw)
     want, _ = multi_head_attention(x, x, x, params, H, mask=np.tril(np.ones((L, L), bool)), **kw)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
@@ -576,11 +578,11 @@ def test_cache_holds_kv_heads_and_rotated_keys():
 
 
 @pytest.mark.parametrize("chunks", [(0, 3, 1, 2), (6,)], ids=str)
-@pytest.mark.parametrize("Hkv,rope", [(2, "half"), (1, "interleaved")])
-def test_self_attention_incremental_backward_matches_finite_differences(Hkv, rope, chunks):
+@pytest.mark.parametrize("Hkv,rope,softcap", [(2, "half", None), (1, "interleaved", 0.75)])
+def test_self_attention_incremental_backward_matches_finite_differences(Hkv, rope, softcap, chunks):
     rng = np.random.default_rng(42)
     params = perturbed(init_multi_head_attention(rng, D, num_heads=H, num_kv_heads=Hkv), rng)
-    kw = dict(chunks=chunks, num_kv_heads=Hkv, rope=rope)
+    kw = dict(chunks=chunks, num_kv_heads=Hkv, rope=rope, softcap=softcap)
 
     def incremental(x, params):
         return self_attention_incremental(x, params, H, **kw)

@@ -497,11 +497,11 @@ def test_blockwise_float32_variants_are_close_to_float64():
 
 # ---------------------------------------------------------------------------- multi-head attention
 
-MHA = [(2, None), (1, "half"), (H, "interleaved"), (2, "interleaved")]
+MHA = [(2, None, None), (1, "half", None), (H, "interleaved", None), (2, "interleaved", None), (2, "half", 0.8)]
 
 
-@pytest.mark.parametrize("hkv,rope", MHA, ids=lambda x: str(x))
-def test_mha_gqa_rope_equals_numpy_ref(hkv, rope):
+@pytest.mark.parametrize("hkv,rope,softcap", MHA, ids=lambda x: str(x))
+def test_mha_gqa_rope_equals_numpy_ref(hkv, rope, softcap):
     """multi_head_attention with num_kv_heads and rope: outputs and autograd's
     gradients (inputs and every param) against numpy_ref's backward, cross-attention
     with a padding mask."""
@@ -510,7 +510,7 @@ def test_mha_gqa_rope_equals_numpy_ref(hkv, rope):
     params = {n: p + randn(i, *p.shape) * 0.1 for i, (n, p) in enumerate(params.items())}
     query, key, value = randn(50, B, LQ, D), randn(51, B, LK, D), randn(52, B, LK, D)
     mask = padding([LK, 4], LK)
-    kw = dict(mask=mask, num_kv_heads=hkv, rope=rope, rope_base=300.0)
+    kw = dict(mask=mask, num_kv_heads=hkv, rope=rope, rope_base=300.0, softcap=softcap)
     leaves_ = leaves(query, key, value, *params.values())
     p = dict(zip(params, leaves_[3:]))
     out, w = ti.multi_head_attention(*leaves_[:3], p, H, **kw)
@@ -540,6 +540,9 @@ def test_mha_gqa_fused_path_equals_math_path():
     x = randn(60, B, LK, D)
     kw = dict(mask=ti.causal_mask(LK), num_kv_heads=2, rope="half")
     out, _ = ti.multi_head_attention(x, x, x, params, H, **kw)
+    capped, _ = ti.multi_head_attention(x, x, x, params, H, softcap=0.5, **kw)
+    close(ti.multi_head_attention(x, x, x, params, H, need_weights=False, softcap=0.5, **kw)[0], capped,
+          "mha softcap: need_weights=False runs the math path (the fused kernel has no cap)")
     fused, w = ti.multi_head_attention(x, x, x, params, H, need_weights=False, **kw)
     assert w is None
     close(fused, out, "mha GQA/rope fused vs math")
@@ -550,15 +553,16 @@ def test_mha_gqa_fused_path_equals_math_path():
 CHUNKINGS = [(LK,), (1,) * LK, (0, 3, 1, 0, 3), (2, 5)]
 
 
-@pytest.mark.parametrize("hkv,rope", [(2, "half"), (1, "interleaved"), (H, None)], ids=lambda x: str(x))
-def test_incremental_equals_the_causal_pass(hkv, rope):
+@pytest.mark.parametrize("hkv,rope,softcap", [(2, "half", None), (1, "interleaved", None), (H, None, None),
+                                              (2, "half", 0.6)], ids=lambda x: str(x))
+def test_incremental_equals_the_causal_pass(hkv, rope, softcap):
     """THE LAW with GQA and RoPE: self_attention_incremental == causal
     multi_head_attention, outputs and autograd's gradients, for every chunking;
     and == numpy_ref's self_attention_incremental and its backward."""
     params = ti.init_multi_head_attention(4, D, F64, num_heads=H, num_kv_heads=hkv)
     params = {n: p + randn(i, *p.shape) * 0.1 for i, (n, p) in enumerate(params.items())}
     x = randn(70, B, LK, D)
-    kw = dict(num_kv_heads=hkv, rope=rope, rope_base=100.0)
+    kw = dict(num_kv_heads=hkv, rope=rope, rope_base=100.0, softcap=softcap)
     leaves_ = leaves(x, *params.values())
     p = dict(zip(params, leaves_[1:]))
     full, _ = ti.multi_head_attention(leaves_[0], leaves_[0], leaves_[0], p, H,
