@@ -48,7 +48,7 @@ from functools import partial
 import numpy as np
 
 from .cases import (
-    _KEY_BIAS, _attn_mask, _bf16, _case, _err, _keep, _normal, _poison, _valid, _zero,
+    _KEY_BIAS, _attn_mask, _bad, _bf16, _case, _err, _keep, _normal, _poison, _valid, _zero,
 )
 
 B, L, DK, DV = 2, 5, 4, 8
@@ -117,11 +117,7 @@ _case("rope/interleaved/base500", _ROPE, partial(_rope, convention="interleaved"
 
 
 def _rope_bad(**change):
-    def build(r):
-        kw = _rope(r, positions="shifted")
-        kw.update({k: fn(kw, r) for k, fn in change.items()})
-        return kw
-    return build
+    return _bad(partial(_rope, positions="shifted"), **change)
 
 
 _err("rope/odd-width", _ROPE, "ValueError", "x", _rope_bad(x=lambda kw, r: _normal(r, B, L, 7)),
@@ -230,11 +226,7 @@ _case("softcap/sdpa/gqa/cross/bias+padding", _SDPA,
 
 
 def _gqa_bad(**change):
-    def build(r):
-        kw = _gqa(r, mask="padding")
-        kw.update({k: fn(kw, r) for k, fn in change.items()})
-        return kw
-    return build
+    return _bad(partial(_gqa, mask="padding"), **change)
 
 
 _err("gqa/sdpa-heads-indivisible", _SDPA, "ValueError", "k",
@@ -314,11 +306,7 @@ _case("alibi/blockwise/gqa+softcap/causal", _BW,
 
 
 def _bw_bad(**change):
-    def build(r):
-        kw = _bw(r, H=3, Hkv=3, mask="padding", alibi="heads", softcap=5.0)
-        kw.update({k: fn(kw, r) for k, fn in change.items()})
-        return kw
-    return build
+    return _bad(partial(_bw, H=3, Hkv=3, mask="padding", alibi="heads", softcap=5.0), **change)
 
 
 _err("softcap/blockwise-negative", _BW, "ValueError", "softcap", _bw_bad(softcap=lambda kw, r: -1.0))
@@ -417,11 +405,7 @@ _case("rope/cache/prefill3-pair", _INC,
 
 
 def _mha_bad(**change):
-    def build(r):
-        kw = _mha(r, mask="padding", rope="half")
-        kw.update({k: fn(kw, r) for k, fn in change.items()})
-        return kw
-    return build
+    return _bad(partial(_mha, mask="padding", rope="half"), **change)
 
 
 _err("gqa/mha-num_kv_heads-indivisible", _MHA, "ValueError", "num_kv_heads",
