@@ -127,11 +127,9 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
       throughout, ``out`` rounded once), else ``q``'s dtype. A row with no
       valid score: ``out`` 0, ``lse`` ``-inf``, gradient 0.
     """
-    block_q, block_k, window = rules.blockwise(q, k, v, mask, bias, scale, block_q, block_k,
-                                               causal, window, align, softcap, alibi_slopes)  # SPEC 5
-    if q.ndim == 4:  # grouped-query: Hkv heads -> H, G = H / Hkv
-        G = q.shape[1] // k.shape[1] if k.shape[1] else 1  # H = Hkv = 0: no heads to repeat
-        k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (B, H, Lk, Dk|Dv)
+    block_q, block_k, window, G = rules.blockwise(q, k, v, mask, bias, scale, block_q, block_k,
+                                                  causal, window, align, softcap, alibi_slopes)  # SPEC 5
+    k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # grouped-query, G = H / Hkv: (B, H, Lk, Dk|Dv)
     *batch, Lq, _ = q.shape
     Lk, Dv = k.shape[-2], v.shape[-1]
     sched = _blocks.block_schedule(Lq, Lk, block_q, block_k, causal, window, align)

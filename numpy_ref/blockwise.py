@@ -136,10 +136,9 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *,
       ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; a row with no valid score
       has ``out = 0`` and ``lse = -inf``. ``lse`` is float32 for half inputs.
     """
-    block_q, block_k, window = rules.blockwise(  # SPEC 3.22: sdpa's arrays, block sizes, window
+    block_q, block_k, window, G = rules.blockwise(  # SPEC 3.22: sdpa's arrays, block sizes, window
         q, k, v, mask, bias, scale, block_q, block_k, causal, window, align, softcap, alibi_slopes)
     sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
-    G = _group_size(q, k)
     k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
     out, lse = _forward(q, k, v, mask, bias, _Scores(_scale(q, scale), softcap, alibi_slopes), sched)
     return out.astype(q.dtype, copy=False), lse  # rounded once
@@ -179,12 +178,11 @@ def blockwise_attention_backward(d_out, q, k, v, mask=None, bias=None, scale=Non
       (bias's own shape) when bias is given, ``"alibi_slopes"`` (their own
       shape) when they are.
     """
-    block_q, block_k, window = rules.blockwise(  # SPEC 3.22
+    block_q, block_k, window, G = rules.blockwise(  # SPEC 3.22; G = H / Hkv
         q, k, v, mask, bias, scale, block_q, block_k, causal, window, align, softcap, alibi_slopes)
     d_out, d_lse = rules.blockwise_cotangents(d_out, q, v, out, lse)  # (*batch, Lq, Dv), (*batch, Lq)
     sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
     score = _Scores(_scale(q, scale), softcap, alibi_slopes)
-    G = _group_size(q, k)
     k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
     if out is None or lse is None:
         out, lse = _forward(q, k, v, mask, bias, score, sched)
@@ -199,11 +197,6 @@ class _Scores(NamedTuple):
     scale: float
     softcap: float | None  # the cap, or None
     slopes: np.ndarray | None  # ALiBi's (H,) or (B, H), or None
-
-
-def _group_size(q, k):
-    """``G = H / Hkv`` of grouped-query attention (1 for rank 3, and for no heads)."""
-    return q.shape[1] // k.shape[1] if q.ndim == 4 and k.shape[1] else 1
 
 
 # --------------------------------------------------------------------------

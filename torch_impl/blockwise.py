@@ -108,8 +108,8 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
       with no valid key has ``out = 0`` and ``lse = -inf``, and passes
       gradient 0 back.
     """
-    block_q, block_k, window = rules.blockwise(q, k, v, mask, bias, scale, block_q, block_k, causal,
-                                               window, align, softcap, alibi_slopes)  # SPEC 5
+    block_q, block_k, window, _ = rules.blockwise(q, k, v, mask, bias, scale, block_q, block_k, causal,
+                                                  window, align, softcap, alibi_slopes)  # SPEC 5
     sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
     return _BlockwiseAttention.apply(q, k, v, mask, bias, alibi_slopes, _scale(q, scale), softcap, sched)
 

@@ -122,9 +122,9 @@ class Rules(ArrayRules):
         and a soft cap allowed), positive block sizes, a causal flag, a window,
         an alignment, ALiBi slopes ``(H,)`` or ``(B, H)`` (rank 4 only).
 
-        Returns ``(block_q, block_k, window)`` as Python ints and a ``(left, right)``
-        pair (or None)."""
-        self.sdpa(q, k, v, mask, bias, scale, 0.0, None, softcap)
+        Returns ``(block_q, block_k, window, G)``: Python ints, a ``(left, right)``
+        pair (or None), and the group size ``G = H / Hkv`` of :meth:`sdpa`."""
+        G = self.sdpa(q, k, v, mask, bias, scale, 0.0, None, softcap)
         if alibi_slopes is not None:
             self.array(alibi_slopes, "alibi_slopes")
             self.same_float_dtype({"q": q, "alibi_slopes": alibi_slopes})
@@ -140,7 +140,7 @@ class Rules(ArrayRules):
         self.flag(causal, "causal")
         window = self.window(window)
         self.choice(align, "align", ALIGNS)
-        return block_q, block_k, window
+        return block_q, block_k, window, G
 
     def block_schedule(self, Lq, Lk, block_q, block_k, causal, window, align):
         """``block_schedule``: two lengths, positive block sizes, a causal flag, a window,
