@@ -36,12 +36,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from . import ring as _ring
 from .rules import (  # noqa: F401  (the tables are read from here by the mirrors)
     _ADDITIVE, _BAHDANAU, _CELL, _DECODER_BLOCKS, _EMBED, _ENCODER_BLOCKS, _FFN, _MHA, _MHA_GQA, _NORM,
     _OUT, _PROJECTION, _TIED_PROJECTION, _TOKEN_EMBED, ACTIVATIONS, ADDITIVE_KEYS, ALIGNS, CELL_KEYS,
     DECODER_DROPOUT_SITES, DECODER_LAYER_KEYS, DROPOUT_SITES, ENCODER_KEYS, FEED_FORWARD_KEYS,
     LAYER_KEYS, LAYER_NORM_KEYS, MHA_KEYS, ROPE_CONVENTIONS, SEQ2SEQ_KEYS, TRANSFORMER_DROPOUT_SITES,
-    TRANSFORMER_KEYS, WIDTHS, ArrayRules, _is_int, _is_number, _type_str, _value_str, rng_error, shape_str,
+    TRANSFORMER_KEYS, WIDTHS, ArrayRules, _dtype_str, _is_int, _is_number, _spec, _type_str, _value_str, rng_error,
+    shape_str,
 )
 
 __all__ = [
@@ -151,6 +153,157 @@ class Rules(ArrayRules):
         window = self.window(window)
         self.choice(align, "align", ALIGNS)
         return Lq, Lk, block_q, block_k, causal, window, align
+
+    # ---- sharded attention (SPEC 3.24) ----------------------------------------
+
+    def layout(self, layout) -> int:
+        """``"contiguous"`` or ``"zigzag"``; returns the chunks one shard holds (1 or 2)."""
+        self.choice(layout, "layout", _ring.LAYOUTS)
+        return _ring.chunks_per_shard(layout)
+
+    def _divides(self, x, name, letters, axis, N, per_shard) -> None:
+        """ValueError unless ``x.shape[axis]`` splits into ``N`` shards of ``per_shard`` equal chunks."""
+        n, m = int(x.shape[axis]), N * per_shard
+        if n % m:
+            letter = letters[axis]
+            how = (f"num_shards={N}" if per_shard == 1
+                   else f"num_shards={N} shards of 2 chunks each, zigzag layout")
+            raise ValueError(f"{name}: expected shape {_spec_str(letters)} with {letter} divisible by {m} "
+                             f"({how}), got {shape_str(x.shape)}")
+
+    def shard_positions(self, L, num_shards, layout):
+        """``shard_positions``: a length, a positive shard count, a layout; ``L``
+        divisible by the chunks. Returns ``(L, num_shards, layout)``."""
+        L, N = self.count(L, "L"), self.count(num_shards, "num_shards", 1)
+        m = N * self.layout(layout)
+        if L % m:
+            raise ValueError(f"L: expected a length divisible by {m} (num_shards={N}, layout {layout!r}), got {L}")
+        return L, N, layout
+
+    def ring_schedule(self, Lq, Lk, num_shards, causal, align, layout):
+        """``ring_schedule``: two lengths each divisible into the shards, a causal
+        flag, an alignment, a layout. Returns them as Python values."""
+        self.shard_positions(Lq, num_shards, layout)
+        self.shard_positions(Lk, num_shards, layout)
+        self.flag(causal, "causal")
+        self.choice(align, "align", ALIGNS)
+        return int(Lq), int(Lk), int(num_shards), causal, align, layout
+
+    def ring_attention(self, q, k, v, mask, scale, causal, align, layout, num_shards) -> int:
+        """``ring_attention`` (the global view: numpy_ref, jax_impl): sdpa's arrays
+        (no bias, no dropout; grouped k/v heads allowed), a causal flag, an
+        alignment, a layout, ``num_shards >= 1`` dividing ``Lq`` and ``Lk``
+        (twice over for zigzag). Returns the group size ``G``."""
+        G = self.sdpa(q, k, v, mask, None, scale, 0.0, None)
+        self.flag(causal, "causal")
+        self.choice(align, "align", ALIGNS)
+        per_shard = self.layout(layout)
+        N = self.count(num_shards, "num_shards", 1)
+        q_letters = (*("B", "H")[: q.ndim - 2], "Lq", "Dk")
+        k_letters = (*self._kv_heads(q, k)[0], "Lk", "Dk")
+        self._divides(q, "q", q_letters, -2, N, per_shard)
+        self._divides(k, "k", k_letters, -2, N, per_shard)
+        return G
+
+    def ring_shard(self, q, k, v, mask, scale, causal, align, layout, num_shards) -> int:
+        """``ring_attention`` on one rank (torch_impl: the local view): this rank's
+        shards ``q (*batch, Lq / N, Dk)``, ``k``/``v`` ``(*batch_kv, Lk / N, D)``
+        (even for zigzag), ``mask`` broadcastable to the *global*
+        ``(*batch, Lq, Lk)``. Returns the group size ``G``."""
+        G = self.sdpa(q, k, v, None, None, scale, 0.0, None)
+        self.flag(causal, "causal")
+        self.choice(align, "align", ALIGNS)
+        per_shard = self.layout(layout)
+        N = self.count(num_shards, "num_shards", 1)
+        q_letters = (*("B", "H")[: q.ndim - 2], "Lq", "Dk")
+        k_letters = (*self._kv_heads(q, k)[0], "Lk", "Dk")
+        self._divides(q, "q", q_letters, -2, 1, per_shard)
+        self._divides(k, "k", k_letters, -2, 1, per_shard)
+        target = (*q.shape[:-2], int(q.shape[-2]) * N, int(k.shape[-2]) * N)
+        self._mask(mask, "mask", q, "q", target, (*q_letters[:-2], "Lq", "Lk"))
+        return G
+
+    def same_on_every_rank(self, name, mine, theirs) -> None:
+        """ValueError unless every rank reported the same ``(dtype, shape)`` for ``name``."""
+        for rank, other in enumerate(theirs):
+            if tuple(other) != tuple(mine):
+                raise ValueError(f"{name}: expected the same dtype and shape on every rank, got "
+                                 f"{_describe(mine)} here and {_describe(other)} on rank {rank}")
+
+    def merge_attention(self, outs, lses) -> None:
+        """``merge_attention``: ``outs (S, *batch, Lq, Dv)``, ``lses (S, *batch, Lq)``,
+        ``S >= 1``; ``lses`` of outs' dtype (float32 also for half outs)."""
+        self.arrays({"outs": outs, "lses": lses})
+        self.float_(outs, "outs")
+        self.float_(lses, "lses")
+        if outs.ndim < 3 or int(outs.shape[0]) == 0:
+            raise ValueError(f"outs: expected shape (S, ..., Lq, Dv) with S >= 1 partial results, "
+                             f"got {shape_str(outs.shape)}")
+        self._widths(outs, "outs", ("S", *("N" for _ in range(outs.ndim - 2)), "Dv"), {})
+        self.exact_shape(lses, "lses", tuple(outs.shape[:-1]), " (S, ..., Lq): outs' shape without Dv")
+        half = _dtype_str(outs) in ("float16", "bfloat16")
+        if _dtype_str(lses) != _dtype_str(outs) and not (half and _dtype_str(lses) == "float32"):
+            also = " or float32" if half else ""
+            raise TypeError(f"lses: expected dtype {_dtype_str(outs)}{also} (the dtype of outs), "
+                            f"got {_dtype_str(lses)}")
+        self.same_device(lses, "lses", outs, "outs")
+
+    def shard_sequence(self, x, num_shards, layout, axis) -> int:
+        """``shard_sequence``: an array, a positive shard count, a layout, an axis in
+        range whose length splits into the shards. Returns the axis (non-negative)."""
+        self.array(x, "x")
+        per_shard = self.layout(layout)
+        N = self.count(num_shards, "num_shards", 1)
+        axis = self._axis(axis, x, "x")
+        letters = tuple("L" if i == axis else f"N{i}" for i in range(x.ndim))
+        self._divides(x, "x", letters, axis, N, per_shard)
+        return axis
+
+    def unshard_sequence(self, shards, layout, axis) -> int:
+        """``unshard_sequence``: a non-empty list of arrays of one shape and dtype,
+        a layout, an axis in range (an even shard length for zigzag). Returns the axis."""
+        if not isinstance(shards, (list, tuple)) or not shards:
+            raise TypeError(f"shards: expected a non-empty list of arrays, got {_value_str(shards)}")
+        for i, x in enumerate(shards):
+            self.array(x, f"shards[{i}]")
+        first = shards[0]
+        for i, x in enumerate(shards[1:], 1):
+            if tuple(x.shape) != tuple(first.shape) or _dtype_str(x) != _dtype_str(first):
+                raise ValueError(f"shards[{i}]: expected {_describe((_dtype_str(first), tuple(first.shape)))} "
+                                 f"(as shards[0]), got {_describe((_dtype_str(x), tuple(x.shape)))}")
+            self.same_device(x, f"shards[{i}]", first, "shards[0]")
+        per_shard = self.layout(layout)
+        axis = self._axis(axis, first, "shards[0]")
+        letters = tuple("L" if i == axis else f"N{i}" for i in range(first.ndim))
+        self._divides(first, "shards[0]", letters, axis, 1, per_shard)
+        return axis
+
+    def _axis(self, axis, x, name) -> int:
+        if not _is_int(axis):
+            raise TypeError(f"axis: expected an int, got {_value_str(axis)}")
+        if not -x.ndim <= operator.index(axis) < x.ndim:
+            raise ValueError(f"axis: expected an int in [{-x.ndim}, {x.ndim}) for {name} of shape "
+                             f"{shape_str(x.shape)}, got {axis}")
+        return operator.index(axis) % x.ndim
+
+    def sharded_attention(self, q, k, v, mask, scale, batch_shards, head_shards) -> int:
+        """``sharded_attention``: sdpa's arrays (no bias, no dropout), ``batch_shards``
+        dividing ``B``, ``head_shards`` dividing ``H`` and ``Hkv`` (rank 4; each
+        shard holds whole query groups). Returns the group size ``G``."""
+        G = self.sdpa(q, k, v, mask, None, scale, 0.0, None)
+        bs, hs = self.count(batch_shards, "batch_shards", 1), self.count(head_shards, "head_shards", 1)
+        B = int(q.shape[0])
+        if B % bs:
+            raise ValueError(f"batch_shards: expected a divisor of B={B}, got {bs}")
+        if hs > 1:
+            if q.ndim != 4:
+                raise ValueError(f"head_shards: expected 1 for q of shape {shape_str(q.shape)} "
+                                 f"(no head axis), got {hs}")
+            H, Hkv = int(q.shape[1]), int(k.shape[1])
+            if H % hs or Hkv % hs:
+                raise ValueError(f"head_shards: expected a divisor of H={H} and of Hkv={Hkv} "
+                                 f"(each shard holds whole query groups), got {hs}")
+        return G
 
     def window(self, window):
         """A sliding window: None, or a pair ``(left, right)`` of non-negative ints
@@ -1288,3 +1441,13 @@ def _pair(d_out, what: str):
         raise ValueError(f"d_out: expected an array or a pair {what}, "
                          f"got a {type(d_out).__name__} of length {len(d_out)}")
     return d_out[0], d_out[1]
+
+
+def _spec_str(letters) -> str:
+    return _spec(letters, {})
+
+
+def _describe(dtype_and_shape) -> str:
+    """``("float64", (2, 3, 8, 4))`` -> ``"dtype float64, shape (2, 3, 8, 4)"``."""
+    dtype, shape = dtype_and_shape
+    return f"dtype {dtype}, shape {shape_str(shape)}"

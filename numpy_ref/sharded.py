@@ -1,0 +1,444 @@
+"""Sharded attention: the merge of partial results, the ring, and head/batch sharding.
+
+This module is the readable specification of attention spread over ``N``
+devices, simulated in one process: a device is an index into a list, a
+"send" is a rotation of that list. ``torch_impl.sharded`` runs the same
+algorithm on ``torch.distributed`` and ``jax_impl.sharded`` on a JAX device
+mesh; both are checked against this one (docs/SPEC.md 3.24).
+
+**The merge.** Attention over a key set that is the disjoint union of parts
+can be computed part by part: each part ``i`` gives ``(out_i, lse_i)``
+(:func:`~numpy_ref.blockwise.blockwise_attention`'s pair over its keys),
+and the whole is::
+
+    lse = log Σ_i exp(lse_i)          w_i = exp(lse_i - lse)  (Σ_i w_i = 1)
+    out = Σ_i w_i out_i
+
+since ``out_i = Σ_{j in i} exp(s_j - lse_i) v_j`` and the softmax over all
+keys weighs key ``j`` by ``exp(s_j - lse) = w_i exp(s_j - lse_i)``. A part
+with no valid score has ``lse_i = -inf`` and weight 0; when every part is
+empty the row is fully masked: ``out = 0``, ``lse = -inf`` (SPEC 3.4).
+Merging is associative and commutative (up to rounding): the online softmax
+of blockwise attention is this merge applied one key block at a time.
+
+**The ring** (Liu et al. 2023). The sequence is cut into ``N`` shards
+(:func:`shard_positions`: contiguous, or zigzag for balanced causal work).
+Device ``r`` keeps its queries ``q_r``; at step ``s`` it holds the key/value
+shard ``j = (r - s) mod N``, computes the partial ``(out, lse)`` of ``q_r``
+over it (only the pairs the mask and the causal structure allow, decided
+from global positions), merges it into its running result, then passes
+``(k_j, v_j)`` to device ``r + 1``. Steps whose block is entirely masked by
+the structure are skipped (the shard still moves on). The backward is the
+same ring again, from the merged ``(out, lse)``: at each step device ``r``
+computes its block's share of the gradient with FlashAttention-2's backward
+(``P = exp(s - lse)`` with the *final* ``lse``, ``D = rowsum(dO ∘ out)``),
+adds ``dq_r`` locally and adds ``dk_j``, ``dv_j`` to accumulators that
+travel with the key/value shard; after ``N`` steps one more pass brings
+each accumulator home.
+
+**Head/batch sharding.** Heads and batch entries never interact in
+attention: shard ``(b, h)`` computes :func:`scaled_dot_product_attention` on
+its slice, and the results are concatenated. No communication at all.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._checks import rules
+from ._contract import blocks as _blocks
+from ._contract import ring as _ring
+from .attention import (
+    _group_sum,
+    _repeat_kv,
+    _scale,
+    scaled_dot_product_attention,
+    scaled_dot_product_attention_backward,
+)
+from .blockwise import _backward as _block_backward
+from .blockwise import _forward as _block_forward
+from .blockwise import _full_rank, _Scores
+from .layers import _upcast
+
+__all__ = [
+    "shard_positions", "ring_schedule", "shard_sequence", "unshard_sequence",
+    "merge_attention", "merge_attention_backward", "ring_attention", "ring_attention_backward",
+    "sharded_attention", "sharded_attention_backward",
+]
+
+
+# --------------------------------------------------------------------------
+# placement
+
+
+def shard_positions(L, num_shards, *, layout="contiguous"):
+    """The sequence positions each of ``num_shards`` shards holds.
+
+    ``"contiguous"``: shard ``r`` holds ``[r n, (r + 1) n)``, ``n = L / N``.
+    ``"zigzag"``: the sequence is cut into ``2N`` chunks and shard ``r``
+    holds chunks ``r`` and ``2N - 1 - r``, so that under a causal mask every
+    shard has the same work.
+
+    Args:
+      L: the sequence length, divisible by ``num_shards`` (``2 num_shards`` for zigzag).
+      num_shards: a positive int.
+      layout: ``"contiguous"`` or ``"zigzag"``.
+
+    Returns:
+      an int64 numpy array ``(num_shards, L // num_shards)``, ascending in each row.
+    """
+    L, N, layout = rules.shard_positions(L, num_shards, layout)  # SPEC 3.24
+    return _ring.shard_positions(L, N, layout)
+
+
+def ring_schedule(Lq, Lk, num_shards, *, causal=False, align="top_left", layout="contiguous"):
+    """Which steps of the ring each device computes, and its work.
+
+    Returns:
+      a ``RingSchedule``: ``q_positions``, ``k_positions`` ``(N, L / N)``,
+      ``visible[r, s]`` (the visible pairs of device ``r`` at step ``s``),
+      ``computed``, ``kv_shard(r, s)``, ``work()`` (blocks and pairs per
+      device, and the imbalance max/mean), ``sends()``.
+    """
+    return _ring.ring_schedule(*rules.ring_schedule(Lq, Lk, num_shards, causal, align, layout))
+
+
+def shard_sequence(x, num_shards, *, layout="contiguous", axis=-2):
+    """``x`` cut along ``axis`` into the shards of :func:`shard_positions`: a list of
+    ``num_shards`` arrays, shard ``r`` holding ``x.take(shard_positions(...)[r], axis)``."""
+    axis = rules.shard_sequence(x, num_shards, layout, axis)  # SPEC 3.24
+    positions = _ring.shard_positions(x.shape[axis], num_shards, layout)
+    return [np.take(x, p, axis=axis) for p in positions]
+
+
+def unshard_sequence(shards, *, layout="contiguous", axis=-2):
+    """The inverse of :func:`shard_sequence`: the shards put back in sequence order."""
+    axis = rules.unshard_sequence(shards, layout, axis)  # SPEC 3.24
+    N, n = len(shards), shards[0].shape[axis]
+    order = np.argsort(_ring.shard_positions(N * n, N, layout).reshape(-1), kind="stable")
+    return np.take(np.concatenate(shards, axis=axis), order, axis=axis)
+
+
+# --------------------------------------------------------------------------
+# the merge
+
+
+def merge_attention(outs, lses):
+    """Merge partial attention results over disjoint key sets.
+
+    ``lse = log Σ_i exp(lse_i)``, ``out = Σ_i exp(lse_i - lse) out_i``; parts
+    with ``lse_i = -inf`` weigh 0, and a row whose parts are all empty gives
+    ``out = 0``, ``lse = -inf``. Half precision merges in float32 and rounds
+    ``out`` once; ``lse`` stays float32 (as blockwise attention's).
+
+    Args:
+      outs: ``(S, *batch, Lq, Dv)``, the ``S`` partial outputs stacked.
+      lses: ``(S, *batch, Lq)``, their log-sum-exps (outs' dtype, or
+        float32 for half outs).
+
+    Returns:
+      ``(out (*batch, Lq, Dv), lse (*batch, Lq))``.
+    """
+    rules.merge_attention(outs, lses)  # SPEC 3.24
+    out, lse, _ = _merge(_upcast(outs), _upcast(lses))
+    return out.astype(outs.dtype, copy=False), lse.astype(_lse_dtype(outs), copy=False)
+
+
+def merge_attention_backward(d_out, outs, lses, out=None, lse=None):
+    """Gradient of :func:`merge_attention`.
+
+    With ``w_i = exp(lse_i - lse)``: ``∂out/∂out_i = w_i``,
+    ``∂lse/∂lse_i = w_i`` and ``∂out/∂lse_i = w_i (out_i - out)`` (the
+    softmax over parts), so::
+
+        d out_i = w_i dO
+        d lse_i = w_i (dL + Σ_d dO ∘ (out_i - out))
+
+    and both are 0 for an empty part and for a fully masked row.
+
+    Args:
+      d_out: cotangent of ``out``, or a pair ``(d_out, d_lse)``; either may be None.
+      outs, lses: as for the forward.
+      out, lse: unused (the merge is recomputed; accepted for symmetry).
+
+    Returns:
+      ``{"outs", "lses"}`` in their own shapes and dtypes.
+    """
+    rules.merge_attention(outs, lses)  # SPEC 3.24
+    d_out, d_lse = d_out if isinstance(d_out, tuple) else (d_out, None)
+    o_i, l_i = _upcast(outs), _upcast(lses)
+    merged, _, w = _merge(o_i, l_i)  # (*batch, Lq, Dv), (S, *batch, Lq)
+    d_out = np.zeros_like(merged) if d_out is None else _upcast(d_out)
+    row = np.sum(d_out * (o_i - merged), axis=-1)  # (S, *batch, Lq): Σ_d dO (out_i - out)
+    if d_lse is not None:
+        row = row + _upcast(d_lse)
+    return {"outs": (w[..., None] * d_out).astype(outs.dtype, copy=False),
+            "lses": (w * row).astype(lses.dtype, copy=False)}
+
+
+def _merge(outs, lses):
+    """``(out, lse, w)`` in the compute dtype; ``w_i = exp(lse_i - lse)`` (0 for empty parts and rows)."""
+    m = np.max(lses, axis=0)  # (*batch, Lq)
+    m_use = np.where(m == -np.inf, 0, m)  # an all-empty row: no -inf - -inf
+    e = np.exp(lses - m_use)  # (S, *batch, Lq): 0 for an empty part
+    total = e.sum(axis=0)  # (*batch, Lq)
+    empty = total == 0
+    w = e / np.where(empty, 1, total)  # (S, *batch, Lq); all 0 for an empty row
+    lse = np.where(empty, -np.inf, m_use + np.log(np.where(empty, 1, total)))
+    return np.sum(w[..., None] * outs, axis=0), lse, w
+
+
+def _lse_dtype(x):
+    return np.float32 if _upcast(x).dtype != x.dtype else x.dtype
+
+
+# --------------------------------------------------------------------------
+# the ring
+
+
+def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_left",
+                   layout="contiguous", num_shards=1):
+    """Sequence-parallel (ring) attention over ``num_shards`` simulated devices.
+
+    Equal (to rounding) to ``blockwise_attention(q, k, v, mask, scale=scale,
+    causal=causal, align=align)``: ``(out, lse)`` in sequence order, for any
+    layout and shard count.
+
+    Args:
+      q: ``(*batch, Lq, Dk)``, ``*batch`` is ``(B,)`` or ``(B, H)``.
+      k, v: ``(*batch, Lk, Dk|Dv)``; at rank 4 also ``(B, Hkv, Lk, D)`` with
+        ``Hkv`` dividing ``H`` (grouped-query: the shards that travel have
+        ``Hkv`` heads).
+      mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
+      scale: optional float; ``1 / sqrt(Dk)`` by default.
+      causal: key ``j`` visible from query ``i`` iff ``j <= i + offset``.
+      align: ``"top_left"`` (``offset = 0``) or ``"bottom_right"`` (``Lk - Lq``).
+      layout: ``"contiguous"`` or ``"zigzag"`` (:func:`shard_positions`).
+      num_shards: the devices of the ring; divides ``Lq`` and ``Lk`` (twice
+        over for zigzag).
+
+    Returns:
+      ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; ``lse`` float32 for half inputs.
+    """
+    G = rules.ring_attention(q, k, v, mask, scale, causal, align, layout, num_shards)  # SPEC 3.24
+    ring = _Ring(q, k, mask, scale, causal, align, layout, num_shards, G)
+    out, lse = ring.forward(q, k, v)
+    return out.astype(q.dtype, copy=False), lse  # rounded once
+
+
+def ring_attention_backward(d_out, q, k, v, mask=None, scale=None, *, causal=False, align="top_left",
+                            layout="contiguous", num_shards=1, out=None, lse=None):
+    """Gradient of :func:`ring_attention`, by the reverse ring (module docstring).
+
+    Args:
+      d_out: cotangent of ``out``, or a pair ``(d_out, d_lse)``; either may be None.
+      q, k, v, mask, scale, causal, align, layout, num_shards: as for the forward.
+      out, lse: the forward's results, when saved; recomputed when None.
+
+    Returns:
+      ``{"q", "k", "v"}`` (``k``, ``v`` with their own heads).
+    """
+    G = rules.ring_attention(q, k, v, mask, scale, causal, align, layout, num_shards)  # SPEC 3.24
+    d_out, d_lse = rules.blockwise_cotangents(d_out, q, v, out, lse)
+    ring = _Ring(q, k, mask, scale, causal, align, layout, num_shards, G)
+    if out is None or lse is None:
+        out, lse = ring.forward(q, k, v)
+    grads = ring.backward(d_out, d_lse, q, k, v, _upcast(out), _upcast(lse))
+    return {name: g.astype(q.dtype, copy=False) for name, g in grads.items()}
+
+
+class _Ring:
+    """The ring of ``N`` simulated devices: placement, the structure of each
+    step, and the two passes. Device ``r``'s data is entry ``r`` of a list."""
+
+    def __init__(self, q, k, mask, scale, causal, align, layout, num_shards, G):
+        self.N, self.layout, self.G = num_shards, layout, G
+        self.sched = _ring.ring_schedule(q.shape[-2], k.shape[-2], num_shards, causal, align, layout)
+        self.score = _Scores(_scale(q, scale), None, None)
+        self.mask = None if mask is None else _full_rank(mask, q.ndim)  # (*batch|1, Lq|1, Lk|1)
+        self.causal = causal
+
+    def shard(self, x):
+        """Device ``r``'s shard of a sequence-major array (or None)."""
+        return None if x is None else _shard(x, self.N, self.layout)
+
+    def unshard(self, xs):
+        N, n = len(xs), xs[0].shape[-2] if xs[0].ndim >= 2 else 0
+        order = np.argsort(_ring.shard_positions(N * n, N, self.layout).reshape(-1), kind="stable")
+        return np.take(np.concatenate(xs, axis=-2), order, axis=-2)
+
+    def allowed(self, r, j):
+        """What device ``r``'s queries may read of key shard ``j``: ``(…, nq, nk)`` bool,
+        the mask's block (broadcast axes size 1) and the causal structure from positions."""
+        qp, kp = self.sched.q_positions[r], self.sched.k_positions[j]
+        allowed = _ring.visible_pairs(qp, kp, self.causal, self.sched.offset)  # (nq, nk)
+        if self.mask is not None:
+            m = self.mask
+            m = m if m.shape[-2] == 1 else np.take(m, qp, axis=-2)
+            m = m if m.shape[-1] == 1 else np.take(m, kp, axis=-1)
+            allowed = allowed & m
+        return allowed
+
+    def step(self, r, j, nq, nk):
+        """One block per step: the schedule of a single ``(nq, nk)`` block, no structure
+        (the structure is in :meth:`allowed`)."""
+        return _blocks.block_schedule(nq, nk, max(nq, 1), max(nk, 1))
+
+    def forward(self, q, k, v):
+        """``(out, lse)`` in the compute dtype (float32 for half inputs)."""
+        N = self.N
+        qs = self.shard(q)
+        held = list(zip(self.shard(k), self.shard(v)))  # device r holds kv shard r at step 0
+        running = [None] * N  # device r's (out, lse) so far
+        for s in range(N):
+            for r in range(N):
+                j = self.sched.kv_shard(r, s)
+                if not self.sched.computed[r, s]:
+                    continue  # entirely masked by the structure: nothing to add
+                k_j, v_j = (_repeat_kv(x, self.G) for x in held[r])  # query head h reads kv head h // G
+                part = _block_forward(qs[r], k_j, v_j, self.allowed(r, j), None, self.score,
+                                      self.step(r, j, qs[r].shape[-2], k_j.shape[-2]))
+                running[r] = part if running[r] is None else _merge_two(running[r], part)
+            held = held[-1:] + held[:-1]  # send to r + 1: device r now holds what r - 1 had
+        outs, lses = [], []
+        for r in range(N):
+            if running[r] is None:  # every step skipped: the device's rows are fully masked
+                running[r] = _empty(qs[r], v)
+            outs.append(running[r][0])
+            lses.append(running[r][1])
+        return self.unshard(outs), _unshard_rows(lses, self.N, self.layout)
+
+    def backward(self, d_out, d_lse, q, k, v, out, lse):
+        """The reverse ring from the merged ``(out, lse)``: ``{"q", "k", "v"}`` in the compute dtype."""
+        N = self.N
+        qs, outs, lses = self.shard(q), self.shard(out), _shard_rows(lse, N, self.layout)
+        d_outs = self.shard(np.zeros_like(out) if d_out is None else d_out)
+        d_lses = None if d_lse is None else _shard_rows(d_lse, N, self.layout)
+        dq = [np.zeros_like(_upcast(x)) for x in qs]
+        # what travels: the kv shard and its gradient accumulators
+        held = [(k_j, v_j, np.zeros_like(_upcast(k_j)), np.zeros_like(_upcast(v_j)))
+                for k_j, v_j in zip(self.shard(k), self.shard(v))]
+        for s in range(N):
+            for r in range(N):
+                j = self.sched.kv_shard(r, s)
+                if not self.sched.computed[r, s]:
+                    continue
+                k_j, v_j, dk_j, dv_j = held[r]
+                g = _block_backward(d_outs[r], None if d_lses is None else d_lses[r], qs[r],
+                                    _repeat_kv(k_j, self.G), _repeat_kv(v_j, self.G), self.allowed(r, j),
+                                    None, self.score, self.step(r, j, qs[r].shape[-2], k_j.shape[-2]),
+                                    outs[r], lses[r])
+                dq[r] += g["q"]
+                dk_j += _group_sum(g["k"], self.G)  # the group's query heads summed into kv head g
+                dv_j += _group_sum(g["v"], self.G)
+            held = held[-1:] + held[:-1]  # the shard and its accumulators move on together
+        # after N passes each accumulator is back on the device that owns its shard
+        return {"q": self.unshard(dq), "k": self.unshard([h[2] for h in held]),
+                "v": self.unshard([h[3] for h in held])}
+
+
+def _merge_two(a, b):
+    """:func:`merge_attention` of two partial results, in the compute dtype."""
+    out, lse, _ = _merge(np.stack([a[0], b[0]]), np.stack([a[1], b[1]]))
+    return out, lse
+
+
+def _empty(q, v):
+    q = _upcast(q)
+    return (np.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype), np.full(q.shape[:-1], -np.inf, dtype=q.dtype))
+
+
+def _shard(x, N, layout):
+    positions = _ring.shard_positions(x.shape[-2], N, layout)
+    return [np.take(x, p, axis=-2) for p in positions]
+
+
+def _shard_rows(x, N, layout):
+    """Shards of a ``(*batch, L)`` array (an lse) along its last axis."""
+    return [y[..., 0] for y in _shard(x[..., None], N, layout)]
+
+
+def _unshard_rows(xs, N, layout):
+    n = xs[0].shape[-1]
+    order = np.argsort(_ring.shard_positions(N * n, N, layout).reshape(-1), kind="stable")
+    return np.take(np.concatenate(xs, axis=-1), order, axis=-1)
+
+
+# --------------------------------------------------------------------------
+# head/batch sharding
+
+
+def sharded_attention(q, k, v, mask=None, scale=None, *, batch_shards=1, head_shards=1):
+    """Attention with the batch cut into ``batch_shards`` and the heads into
+    ``head_shards`` pieces, each computed alone and the results concatenated.
+
+    Equal to ``scaled_dot_product_attention(q, k, v, mask, scale=scale)[0]``
+    exactly (heads and batch entries never interact).
+
+    Args:
+      q, k, v, mask, scale: as for :func:`scaled_dot_product_attention`
+        (grouped k/v heads allowed, no bias, no dropout).
+      batch_shards: a positive divisor of ``B``.
+      head_shards: a positive divisor of ``H`` and ``Hkv`` (rank 4), so each
+        shard holds whole query groups.
+
+    Returns:
+      ``out (*batch, Lq, Dv)``.
+    """
+    rules.sharded_attention(q, k, v, mask, scale, batch_shards, head_shards)  # SPEC 3.24
+    rows = []
+    for b in _cuts(q.shape[0], batch_shards):
+        cols = []
+        for h in _cuts(q.shape[1], head_shards) if q.ndim == 4 else [slice(None)]:
+            qb, kb, vb, mb = _slices(q, k, v, mask, b, h, head_shards)
+            cols.append(scaled_dot_product_attention(qb, kb, vb, mb, scale=scale)[0])
+        rows.append(np.concatenate(cols, axis=1) if q.ndim == 4 else cols[0])
+    return np.concatenate(rows, axis=0)
+
+
+def sharded_attention_backward(d_out, q, k, v, mask=None, scale=None, *, batch_shards=1, head_shards=1):
+    """Gradient of :func:`sharded_attention`: each shard's
+    :func:`scaled_dot_product_attention_backward`, put back in place.
+
+    Returns:
+      ``{"q", "k", "v"}`` (``k``, ``v`` with their own heads).
+    """
+    rules.sharded_attention(q, k, v, mask, scale, batch_shards, head_shards)  # SPEC 3.24
+    grads = {"q": np.zeros_like(q), "k": np.zeros_like(k), "v": np.zeros_like(v)}
+    for b in _cuts(q.shape[0], batch_shards):
+        for h in _cuts(q.shape[1], head_shards) if q.ndim == 4 else [slice(None)]:
+            qb, kb, vb, mb = _slices(q, k, v, mask, b, h, head_shards)
+            hk = _kv_cut(k, h, head_shards)
+            g = scaled_dot_product_attention_backward(d_out[b][:, h] if q.ndim == 4 else d_out[b],
+                                                      qb, kb, vb, mb, scale=scale)
+            for name, x in (("q", (b, h)), ("k", (b, hk)), ("v", (b, hk))):
+                grads[name][x if q.ndim == 4 else x[0]] = g[name]
+    return grads
+
+
+def _cuts(n, pieces):
+    size = n // pieces
+    return [slice(i * size, (i + 1) * size) for i in range(pieces)]
+
+
+def _kv_cut(k, h, head_shards):
+    """The kv heads of query-head slice ``h``: the same fraction of ``Hkv``."""
+    if k.ndim != 4 or h == slice(None):
+        return slice(None)
+    size = k.shape[1] // head_shards
+    i = h.start // (h.stop - h.start) if h.stop > h.start else 0
+    return slice(i * size, (i + 1) * size)
+
+
+def _slices(q, k, v, mask, b, h, head_shards):
+    """Shard ``(b, h)``'s q, k, v and mask (a broadcast axis of the mask stays whole)."""
+    if q.ndim == 3:
+        m = None if mask is None else _full_rank(mask, 3)
+        m = None if m is None else (m if m.shape[0] == 1 else m[b])
+        return q[b], k[b], v[b], m
+    hk = _kv_cut(k, h, head_shards)
+    m = None
+    if mask is not None:
+        m = _full_rank(mask, 4)
+        m = m if m.shape[0] == 1 else m[b]
+        m = m if m.shape[1] == 1 else m[:, h]
+    return q[b][:, h], k[b][:, hk], v[b][:, hk], m
