@@ -263,7 +263,8 @@ class Rules(ArrayRules):
         """``unshard_sequence``: a non-empty list of arrays of one shape and dtype,
         a layout, an axis in range (an even shard length for zigzag). Returns the axis."""
         if not isinstance(shards, (list, tuple)) or not shards:
-            raise TypeError(f"shards: expected a non-empty list of arrays, got {_value_str(shards)}")
+            got = f"an empty {type(shards).__name__}" if isinstance(shards, (list, tuple)) else _value_str(shards)
+            raise TypeError(f"shards: expected a non-empty list of arrays, got {got}")
         for i, x in enumerate(shards):
             self.array(x, f"shards[{i}]")
         first = shards[0]
