@@ -263,10 +263,12 @@ def _certify(args, peers: bool = False, markdown_to=None) -> int:
             return 2
     explicit = bool(args.backend)
     fast_compile = []
-    if not getattr(args, "xla_default", True) and "jax" not in sys.modules:
-        from .xla import use_fast_compile
+    if "jax" not in sys.modules:  # before any adapter starts JAX; see conformance/xla.py
+        from .xla import use_fast_compile, use_host_devices
 
-        fast_compile = use_fast_compile()  # before any adapter starts JAX; see conformance/xla.py
+        use_host_devices()  # the sharded cases need a mesh: 8 simulated CPU devices
+        if not getattr(args, "xla_default", True):
+            fast_compile = use_fast_compile()
     backends, info, problems = _load_backends(args.backend or list(PEERS if peers else BUILTINS), explicit)
     if fast_compile and any("jax" in getattr(b, "requires", ()) for b in backends):
         print("note: JAX programs compiled for compile speed (conformance.xla; --xla-default for XLA's defaults)")
