@@ -292,7 +292,7 @@ def _worker(rank, config, jobs, results):
             try:
                 job = jobs.get(timeout=1.0)
             except queue.Empty:
-                if os.getppid() != config["parent"]:
+                if not _alive(config["parent"]):
                     return  # orphaned: nobody will ever send a job
                 continue
             if job is None:
@@ -304,6 +304,18 @@ def _worker(rank, config, jobs, results):
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - leaving anyway
             pass
+
+
+def _alive(pid):
+    """Whether process ``pid`` (the pool's owner, not our parent: the forkserver
+    forks the ranks) still exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _run(payload):
