@@ -214,6 +214,23 @@ def sharded_bad_world_job():
     return None
 
 
+def skip_a_collective_job():
+    """Rank 0 leaves at once; the others wait in an all_reduce it never joins: a hang."""
+    import torch.distributed as dist
+
+    if dist.get_rank() != 0:
+        dist.all_reduce(torch.ones(1))
+    return dist.get_rank()
+
+
+def raise_on_rank_job(rank):
+    import torch.distributed as dist
+
+    if dist.get_rank() == rank:
+        raise KeyError(f"rank {rank} fails")
+    return dist.get_rank()
+
+
 # --------------------------------------------------------------------------- the pools
 
 _STARTS = {}
@@ -345,6 +362,22 @@ def test_a_ring_on_a_subgroup_uses_its_own_ranks(pools):
     for ring in (results[0::2], results[1::2]):  # global ranks {0, 2} and {1, 3}
         got = _gather(ring, "zigzag")
         assert max(_errors(got, dense, dense_g).values()) <= TOL["atol"]
+
+
+def test_the_pool_turns_a_hang_into_a_timeout_and_restarts():
+    from conformance.backends.torch_dist import TorchDistPool
+
+    with TorchDistPool(2, timeout=60, preload=("numpy_ref", "torch_impl", __name__)) as pool:
+        got = pool.run(raise_on_rank_job, (1,), return_exceptions=True)
+        assert got[0] == 0 and type(got[1]) is KeyError and got[1].args == ("rank 1 fails",)
+        with pytest.raises(KeyError, match="rank 0 fails") as raised:
+            pool.run(raise_on_rank_job, (0,))
+        assert "(raised on rank 0 of 2)" in raised.value.__notes__
+        t0 = time.perf_counter()
+        with pytest.raises(TimeoutError, match=r"ranks \[1\] of 2 did not finish"):
+            pool.run(skip_a_collective_job, timeout=1.0)
+        assert time.perf_counter() - t0 < 10 and not pool.running
+        assert pool.run(raise_on_rank_job, (-1,)) == [0, 1] and pool.starts == 2  # a fresh group
 
 
 # --------------------------------------------------------------------------- bad input across ranks
