@@ -203,9 +203,12 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
       ``out = 0``, ``lse = -inf`` and passes gradient 0 back.
 
     Raises:
-      the same errors as numpy_ref for the same bad shard; ValueError on every
-      rank (not a hang) when the ranks' q, k or v differ in dtype or shape, or
-      when another rank's arguments were rejected.
+      the same errors as numpy_ref for the same bad shard, on every rank of
+      the ring (not a hang in the others): the ValueError of
+      ``rules.same_on_every_rank`` when the ranks' q, k or v differ in dtype
+      or shape; a rank whose own arguments passed while another's were
+      rejected raises that rank's error type and message, ``(on rank r)``
+      appended.
     """
     try:
         rules.ring_shard(q, k, v, mask, scale, causal, align, layout, _world(group))  # SPEC 3.24

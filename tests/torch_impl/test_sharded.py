@@ -183,9 +183,10 @@ def bad_ring_job(how):
     if how == "zigzag-odd" and r == 1:
         nq = 3  # rank 1's own check fails (zigzag needs an even shard)
     layout = "zigzag" if how == "zigzag-odd" else "contiguous"
+    causal = "yes" if (how == "flag" and r == 1) else False  # same shapes, a bad flag on rank 1
     q = torch.ones(2, 2, nq, 3, dtype=dt)
     try:
-        ti.ring_attention(q, q, q, layout=layout)
+        ti.ring_attention(q, q, q, causal=causal, layout=layout)
     except (TypeError, ValueError) as exc:
         return (type(exc).__name__, str(exc))
     return None
@@ -414,6 +415,15 @@ def test_a_shard_rejected_on_one_rank_raises_on_every_rank(pools):
     assert got[1] == ("ValueError", str(want.value))
     for r in (0, 2, 3):
         assert got[r] is not None and got[r][0] == "ValueError", (r, got[r])
+
+
+def test_a_bad_argument_on_one_rank_raises_its_error_on_every_rank(pools):
+    got = pools(4).run(bad_ring_job, ("flag",))
+    with pytest.raises(TypeError) as want:
+        nr.ring_attention(np.ones((2, 2, 2, 3)), np.ones((2, 2, 2, 3)), np.ones((2, 2, 2, 3)), causal="yes")
+    assert got[1] == ("TypeError", str(want.value))
+    for r in (0, 2, 3):
+        assert got[r] == ("TypeError", f"{want.value} (on rank 1)")
 
 
 def test_sharded_attention_in_a_group_of_the_wrong_size_names_batch_shards(pools):
