@@ -112,20 +112,7 @@ RING_CASES = ["plain", "plain-zigzag", "causal", "causal-zigzag-gqa", "bottom-ri
 
 def ring_job(case, dtype="float64"):
     """This rank's ``{"out", "lse", "q", "k", "v"}`` shards of the ring's forward and gradients."""
-    import torch.distributed as dist
-
-    N, r = dist.get_world_size(), dist.get_rank()
-    kw = dict(case["kw"])
-    layout, dt = kw["layout"], getattr(torch, dtype)
-
-    def mine(x, axis=-2):  # this rank's shard of a global array
-        return ti.shard_sequence(torch.from_numpy(x), N, layout=layout, axis=axis)[r]
-
-    q, k, v = (mine(case[x]).to(dt).requires_grad_() for x in "qkv")
-    mask = None if case["mask"] is None else torch.from_numpy(case["mask"])
-    out, lse = ti.ring_attention(q, k, v, mask, **kw)
-    torch.autograd.backward([out, lse], [mine(case["d_out"]).to(dt), mine(case["d_lse"], -1).to(lse.dtype)])
-    return {"out": out, "lse": lse, "q": q.grad, "k": k.grad, "v": v.grad}
+    return _ring_shards(case, dtype, None)
 
 
 def subgroup_ring_job(case):
@@ -134,19 +121,28 @@ def subgroup_ring_job(case):
     import torch.distributed as dist
 
     groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]  # every rank creates both
-    group = groups[dist.get_rank() % 2]
     try:
-        r, N = dist.get_rank(group), dist.get_world_size(group)
-        kw = dict(case["kw"])
-        mine = lambda x, axis=-2: ti.shard_sequence(torch.from_numpy(x), N, layout=kw["layout"], axis=axis)[r]  # noqa: E731
-        q, k, v = (mine(case[x]).requires_grad_() for x in "qkv")
-        mask = None if case["mask"] is None else torch.from_numpy(case["mask"])
-        out, lse = ti.ring_attention(q, k, v, mask, group=group, **kw)
-        torch.autograd.backward([out, lse], [mine(case["d_out"]), mine(case["d_lse"], -1)])
-        return {"out": out, "lse": lse, "q": q.grad, "k": k.grad, "v": v.grad}
+        return _ring_shards(case, "float64", groups[dist.get_rank() % 2])
     finally:
         for g in groups:
             dist.destroy_process_group(g)
+
+
+def _ring_shards(case, dtype, group):
+    import torch.distributed as dist
+
+    N, r = dist.get_world_size(group), dist.get_rank(group)
+    kw = dict(case["kw"])
+    layout, dt = kw["layout"], getattr(torch, dtype)
+
+    def mine(x, axis=-2):  # this rank's shard of a global array
+        return ti.shard_sequence(torch.from_numpy(x), N, layout=layout, axis=axis)[r]
+
+    q, k, v = (mine(case[x]).to(dt).requires_grad_() for x in "qkv")
+    mask = None if case["mask"] is None else torch.from_numpy(case["mask"])
+    out, lse = ti.ring_attention(q, k, v, mask, group=group, **kw)
+    torch.autograd.backward([out, lse], [mine(case["d_out"]).to(dt), mine(case["d_lse"], -1).to(lse.dtype)])
+    return {"out": out, "lse": lse, "q": q.grad, "k": k.grad, "v": v.grad}
 
 
 def counting_ring_job(case):
