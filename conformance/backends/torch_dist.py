@@ -10,28 +10,31 @@ conformance run starts one pool per world size and sends it every job::
         # outs[r] is rank r's return value: tensors come back as numpy
 
 A job is a picklable function (defined at module level in an importable
-module) and picklable arguments (numpy arrays, numbers, strings); every rank
-calls ``fn(*args, **kwargs)`` inside an initialised default process group
+module: pytest's default import mode makes a test module one) and picklable
+arguments (numpy arrays, numbers, strings); every rank calls
+``fn(*args, **kwargs)`` inside an initialised default process group
 (``dist.get_rank()``, ``dist.get_world_size()``), and what it returns comes
 back with every ``torch.Tensor`` turned into a numpy array (bfloat16 as
-float32, which numpy lacks). An exception on
-a rank comes back as the same exception type and message (its remote
-traceback chained as the cause); :meth:`TorchDistPool.run` raises the
-lowest rank's, or returns them in place with ``return_exceptions=True``.
+float32, which numpy lacks). An exception on a rank comes back as the same
+exception type and message (its remote traceback chained as the cause);
+:meth:`TorchDistPool.run` raises the lowest rank's, or returns them in
+place with ``return_exceptions=True``. As with any ``multiprocessing``
+start method but fork, a script that starts a pool needs the
+``if __name__ == "__main__":`` guard.
 
 **Hangs fail, they do not hang.** A job that does not finish on every rank
 within ``timeout`` seconds (a collective some rank never joined) raises
 ``TimeoutError`` naming the ranks that did not answer, and the pool kills
-its processes; the next job starts a fresh pool. The process group's own
-timeout is the same, so a rank stuck in a send or receive usually reports
-its own error first. A rank that dies (a crash, a kill) is noticed at once.
-After a job in which a rank raised a ``torch.distributed`` error the group
+its processes; the next job starts a fresh pool (with the forkserver, in a
+fraction of a second). The process group's own timeout is the same, so a
+rank stuck in a collective gives up too rather than linger. A rank that dies
+(a crash, a kill) is noticed at once. After a job in which a rank raised a ``torch.distributed`` error the group
 may be out of step (a send nobody received), so the pool restarts too.
 
 Ranks are started with ``torch.multiprocessing`` (the ``"forkserver"``
 method where the platform has it: the server imports torch once and forks
-each rank from it, a fraction of ``"spawn"``'s cost; ``"spawn"`` otherwise
-or when asked), each with the parent's ``sys.path`` (so a source checkout's
+each rank from it: 8 ranks start in about 1.6 s on two busy cores, against
+about 17 s with ``"spawn"``, which is used otherwise or when asked), each with the parent's ``sys.path`` (so a source checkout's
 packages are the ones imported) and ``torch.set_num_threads(threads)``. The
 ranks meet through a ``TCPStore`` the parent holds on ``127.0.0.1`` and a
 port the system picks (no free-port race); gloo talks over the loopback
