@@ -17,7 +17,7 @@ The cases (every world size): causal and not, both layouts, both aligns,
 ``Lq != Lk`` both ways (bottom-right with ``Lq > Lk`` leaves the first rows
 with no key), grouped-query k/v, a ``(B, 1, 1, Lk)`` key-padding mask ending
 mid-shard with a batch row that has no valid key at all, a full random
-``(B, H, Lq, Lk)`` mask, rank-3 inputs. float32 and bfloat16 are compared
+``(B, H, Lq, Lk)`` mask, rank-3 inputs with a 2-D mask. float32 and bfloat16 are compared
 with the float64 truth of their rounded inputs within the bounds of
 blockwise attention (tests/torch_impl/test_blockwise.py). Shapes are tiny:
 eight ranks share two cores.
@@ -92,8 +92,9 @@ def make_case(name, N, seed=0):
         mask = rng.random((B, H, Lq, Lk)) < 0.6
         mask[1, 0, 1] = False
         kw.update(align="bottom_right")
-    elif name == "rank3":
+    elif name == "rank3":  # (B, L, D) inputs and a 2-D (Lq, Lk) mask, broadcast over the batch
         rank3 = True
+        mask = rng.random((Lq, Lk)) < 0.7
         kw.update(causal=True, layout="zigzag")
     else:
         raise KeyError(name)
