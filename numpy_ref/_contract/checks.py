@@ -161,13 +161,13 @@ class Rules(ArrayRules):
         self.choice(layout, "layout", _ring.LAYOUTS)
         return _ring.chunks_per_shard(layout)
 
-    def _divides(self, x, name, letters, axis, N, per_shard) -> None:
+    def _divides(self, x, name, letters, axis, N, per_shard, how=None) -> None:
         """ValueError unless ``x.shape[axis]`` splits into ``N`` shards of ``per_shard`` equal chunks."""
         n, m = int(x.shape[axis]), N * per_shard
         if n % m:
             letter = letters[axis]
-            how = (f"num_shards={N}" if per_shard == 1
-                   else f"num_shards={N} shards of 2 chunks each, zigzag layout")
+            how = how or (f"num_shards={N}" if per_shard == 1
+                          else f"num_shards={N} shards of 2 chunks each, zigzag layout")
             raise ValueError(f"{name}: expected shape {_spec_str(letters)} with {letter} divisible by {m} "
                              f"({how}), got {shape_str(x.shape)}")
 
@@ -217,8 +217,9 @@ class Rules(ArrayRules):
         N = self.count(num_shards, "num_shards", 1)
         q_letters = (*("B", "H")[: q.ndim - 2], "Lq", "Dk")
         k_letters = (*self._kv_heads(q, k)[0], "Lk", "Dk")
-        self._divides(q, "q", q_letters, -2, 1, per_shard)
-        self._divides(k, "k", k_letters, -2, 1, per_shard)
+        local = "this rank's shard of a zigzag layout holds 2 equal chunks"
+        self._divides(q, "q", q_letters, -2, 1, per_shard, local)
+        self._divides(k, "k", k_letters, -2, 1, per_shard, local)
         target = (*q.shape[:-2], int(q.shape[-2]) * N, int(k.shape[-2]) * N)
         self._mask(mask, "mask", q, "q", target, (*q_letters[:-2], "Lq", "Lk"))
         return G
