@@ -174,17 +174,23 @@ class Rules(ArrayRules):
     def shard_positions(self, L, num_shards, layout):
         """``shard_positions``: a length, a positive shard count, a layout; ``L``
         divisible by the chunks. Returns ``(L, num_shards, layout)``."""
-        L, N = self.count(L, "L"), self.count(num_shards, "num_shards", 1)
+        L, N = self._shard_length(L, "L", num_shards, layout)
+        return L, N, layout
+
+    def _shard_length(self, L, name, num_shards, layout) -> tuple:
+        """A length ``name`` that ``num_shards`` shards of the layout divide; ``(L, N)``."""
+        L, N = self.count(L, name), self.count(num_shards, "num_shards", 1)
         m = N * self.layout(layout)
         if L % m:
-            raise ValueError(f"L: expected a length divisible by {m} (num_shards={N}, layout {layout!r}), got {L}")
-        return L, N, layout
+            raise ValueError(f"{name}: expected a length divisible by {m} (num_shards={N}, layout {layout!r}), "
+                             f"got {L}")
+        return L, N
 
     def ring_schedule(self, Lq, Lk, num_shards, causal, align, layout):
         """``ring_schedule``: two lengths each divisible into the shards, a causal
         flag, an alignment, a layout. Returns them as Python values."""
-        self.shard_positions(Lq, num_shards, layout)
-        self.shard_positions(Lk, num_shards, layout)
+        self._shard_length(Lq, "Lq", num_shards, layout)
+        self._shard_length(Lk, "Lk", num_shards, layout)
         self.flag(causal, "causal")
         self.choice(align, "align", ALIGNS)
         return int(Lq), int(Lk), int(num_shards), causal, align, layout
@@ -248,6 +254,21 @@ class Rules(ArrayRules):
             raise TypeError(f"lses: expected dtype {_dtype_str(outs)}{also} (the dtype of outs), "
                             f"got {_dtype_str(lses)}")
         self.same_device(lses, "lses", outs, "outs")
+
+    def merge_cotangents(self, d_out, outs, lses):
+        """``merge_attention_backward``'s ``d_out``: an array ``(*batch, Lq, Dv)`` or a
+        pair ``(d_out, d_lse)`` with ``d_lse (*batch, Lq)``, either None; outs' and
+        lses' dtypes. Returns ``(d_out, d_lse)``."""
+        d_out, d_lse = _pair(d_out, "(d_out, d_lse)")
+        self.arrays({}, {"d_out": d_out, "d_lse": d_lse})
+        for x, name, like, like_name in ((d_out, "d_out", outs, "outs"), (d_lse, "d_lse", lses, "lses")):
+            if x is None:
+                continue
+            self.float_(x, name)
+            self.exact_shape(x, name, tuple(like.shape[1:]), f" ({like_name}' shape without S)")
+            self.same_float_dtype({like_name: like, name: x})
+            self.same_device(x, name, outs, "outs")
+        return d_out, d_lse
 
     def shard_sequence(self, x, num_shards, layout, axis) -> int:
         """``shard_sequence``: an array, a positive shard count, a layout, an axis in
