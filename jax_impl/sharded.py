@@ -183,11 +183,17 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
     layout and shard count. The global view: ``q``, ``k``, ``v`` are whole
     arrays (sharded or not); the function places them on the ring.
 
-    The algorithm is numpy_ref's ``_Ring.forward`` on real devices. The
-    sequence is permuted into the layout's shard order (static slices), and
-    a ``shard_map`` over the axis gives device ``r`` its query shard, its
-    key/value shard and its rows of the mask (the mask's columns stay whole:
-    a key shard's columns are sliced when it arrives). Step ``s`` computes
+    The algorithm is numpy_ref's ``_Ring.forward`` on real devices. A
+    ``shard_map`` over the axis gives device ``r`` the ``r``-th contiguous
+    block of ``q``, ``k``, ``v`` and of the mask's rows (in sequence order:
+    a local slice of a replicated array, nothing moves for an array already
+    sharded that way; the mask's columns stay whole and a key shard's
+    columns are sliced when it arrives). For ``"zigzag"`` the device then
+    trades chunks: two ``ppermute`` s of half a block each (every chunk
+    moves at most once) give it chunks ``r`` and ``2N - 1 - r``, and the
+    same two, reversed, bring ``out`` and ``lse`` back to contiguous blocks,
+    so the result is in sequence order with no gather (permuting the global
+    array instead made XLA's partitioner emit all-gathers). Step ``s`` computes
     the partial ``(out, lse)`` of the held key shard ``j = (r - s) mod N``
     (``lax.axis_index``) with blockwise attention's inner loop, under
     ``visible(q positions of r, k positions of j) & mask block``, merges it
@@ -235,7 +241,9 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
       axis_name: the mesh axis of the sequence; default the mesh's only axis.
 
     Returns:
-      ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; ``lse`` float32 for half inputs.
+      ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; ``lse`` float32 for half
+      inputs. Global arrays, sharded over the ring's axis in contiguous blocks
+      of the sequence.
     """
     G = rules.ring_attention(q, k, v, mask, scale, causal, align, layout,
                              _ring_size(num_shards, mesh, axis_name))  # SPEC 3.24
@@ -301,38 +309,86 @@ def _ring_program(mesh, axis, scale, causal, align, layout, G, has_mask):
         if Lq == 0 or Lk == 0:
             return jnp.zeros((*batch, Lq, Dv), dtype), jnp.full((*batch, Lq), -jnp.inf, lse_dtype)
         sched = _ring.ring_schedule(Lq, Lk, N, causal, align, layout)
-        # the sequence in shard order: device r's shard is the r-th block of nq (nk) rows
-        q, k, v = _take(q, _order(Lq, N, layout), -2), _take(k, _order(Lk, N, layout), -2), \
-            _take(v, _order(Lk, N, layout), -2)
+        # in sequence order, cut in N contiguous blocks (a local slice of a replicated array, nothing
+        # moves for one sharded that way); the body places them in the layout's order itself
         seq = (None,) * len(batch)
         specs = [P(*seq, axis, None), P(*seq, axis, None), P(*seq, axis, None)]
         args = [q, k, v]
         if mask is not None:
             mask = jnp.asarray(mask)
             mask = mask.reshape((1,) * (q.ndim - mask.ndim) + mask.shape)  # (*bb, Lq|1, Lk|1)
-            if mask.shape[-2] > 1:
-                mask = _take(mask, _order(Lq, N, layout), -2)
-            if mask.shape[-1] > 1:
-                mask = _take(mask, _order(Lk, N, layout), -1)
             specs.append(P(*seq, axis if mask.shape[-2] > 1 else None, None))  # rows with the queries
             args.append(mask)
         body = functools.partial(_ring_body, sched=sched, axis=axis, scale=scale, G=G)
         out, lse = jax.shard_map(body, mesh=mesh, in_specs=tuple(specs),
                                  out_specs=(P(*seq, axis, None), P(*seq, axis)),
                                  check_vma=False)(*args)
-        out = _take(out, _unorder(Lq, N, layout), -2)  # (*batch, Lq, Dv) in sequence order
-        lse = _take(lse, _unorder(Lq, N, layout), -1)  # (*batch, Lq)
         return out.astype(dtype), lse.astype(lse_dtype)  # out rounded once
 
     return run
 
 
+def _zigzag_perms(N):
+    """The two ``ppermute`` s that turn contiguous blocks into zigzag shards.
+
+    Cut in ``2N`` chunks, device ``r`` holds chunks ``2r`` and ``2r + 1``
+    (contiguous) and must hold ``r`` and ``2N - 1 - r`` (zigzag): chunk ``c``
+    goes to device ``c`` if ``c < N``, else ``2N - 1 - c``. On the even
+    chunks that map is a permutation of the devices (even chunks below ``N``
+    land on even devices, the others on odd ones), and on the odd chunks too.
+    """
+    home = lambda c: c if c < N else 2 * N - 1 - c  # noqa: E731
+    return [(r, home(2 * r)) for r in range(N)], [(r, home(2 * r + 1)) for r in range(N)]
+
+
+def _to_layout(x, axis, r, N, layout, name):
+    """Device ``r``'s contiguous block ``x`` (sequence along ``axis``) -> its shard
+    of ``layout``: for zigzag, two ppermutes of half a shard each (a chunk that is
+    already home stays)."""
+    if layout == "contiguous" or N == 1:
+        return x
+    even, odd = jnp.split(x, 2, axis=axis)  # chunks 2r and 2r + 1
+    to_even, to_odd = _zigzag_perms(N)
+    got_even, got_odd = lax.ppermute(even, name, to_even), lax.ppermute(odd, name, to_odd)
+    # device r's early chunk r has r's parity; its late chunk 2N - 1 - r the other
+    r_even = r % 2 == 0
+    return jnp.concatenate([jnp.where(r_even, got_even, got_odd), jnp.where(r_even, got_odd, got_even)],
+                           axis=axis)
+
+
+def _from_layout(x, axis, r, N, layout, name):
+    """The inverse of :func:`_to_layout`: device ``r``'s shard -> its contiguous block."""
+    if layout == "contiguous" or N == 1:
+        return x
+    early, late = jnp.split(x, 2, axis=axis)  # chunks r and 2N - 1 - r
+    r_even = r % 2 == 0
+    even, odd = jnp.where(r_even, early, late), jnp.where(r_even, late, early)
+    to_even, to_odd = _zigzag_perms(N)
+    back = lambda perm: [(dst, src) for src, dst in perm]  # noqa: E731
+    return jnp.concatenate([lax.ppermute(even, name, back(to_even)), lax.ppermute(odd, name, back(to_odd))],
+                           axis=axis)
+
+
+def _key_columns(mask, j, nk, N, layout):
+    """The columns of key shard ``j`` (traced) of a mask whose columns are whole, in
+    sequence order: one slice, or zigzag's two chunks ``j`` and ``2N - 1 - j``."""
+    if layout == "contiguous":
+        return lax.dynamic_slice_in_dim(mask, j * nk, nk, axis=-1)
+    half = nk // 2
+    return jnp.concatenate([lax.dynamic_slice_in_dim(mask, j * half, half, axis=-1),
+                            lax.dynamic_slice_in_dim(mask, (2 * N - 1 - j) * half, half, axis=-1)], axis=-1)
+
+
 def _ring_body(q, k, v, mask=None, *, sched, axis, scale, G):
     """One device of the ring (inside ``shard_map``): ``q (*batch, nq, Dk)``,
-    ``k``/``v`` ``(*batch_kv, nk, D)`` its shards, ``mask (*bb, nq|1, Lk|1)``
-    its rows. Returns its ``(out, lse)`` in the compute dtype."""
-    N, nq, nk = sched.num_shards, q.shape[-2], k.shape[-2]
+    ``k``/``v`` ``(*batch_kv, nk, D)`` its contiguous blocks of the sequence,
+    ``mask (*bb, nq|1, Lk|1)`` its rows (columns whole). Returns its
+    contiguous block of ``(out, lse)`` in the compute dtype."""
+    N, nq, nk, layout = sched.num_shards, q.shape[-2], k.shape[-2], sched.layout
     r = lax.axis_index(axis)
+    q, k, v = (_to_layout(x, -2, r, N, layout, axis) for x in (q, k, v))
+    if mask is not None and mask.shape[-2] > 1:
+        mask = _to_layout(mask, -2, r, N, layout, axis)  # rows: this device's queries
     qf = _upcast(q) * _scale(q, scale)  # scale folded into q, as blockwise_attention
     q_pos = jnp.asarray(sched.q_positions)[r]  # (nq,) global positions of the held queries
     k_table = jnp.asarray(sched.k_positions)  # (N, nk)
@@ -348,7 +404,7 @@ def _ring_body(q, k, v, mask=None, *, sched, axis, scale, G):
             if sched.causal:  # from global positions: zigzag shards are not contiguous
                 allowed = k_table[j][None, :] <= q_pos[:, None] + sched.offset  # (nq, nk)
             if mask is not None:
-                m = mask if mask.shape[-1] == 1 else lax.dynamic_slice_in_dim(mask, j * nk, nk, axis=-1)
+                m = mask if mask.shape[-1] == 1 else _key_columns(mask, j, nk, N, layout)  # (*bb, nq|1, nk)
                 allowed = m if allowed is None else allowed & m  # (*bb, nq|1, nk|1)
             kf, vf = _repeat_kv(_upcast(k_j), G), _repeat_kv(_upcast(v_j), G)  # Hkv -> H heads
             part = _attend_blocks(qf, kf, vf, allowed, None, block)  # (*batch, nq, Dv), (*batch, nq)
@@ -368,7 +424,8 @@ def _ring_body(q, k, v, mask=None, *, sched, axis, scale, G):
             return (visit(carry, k_j, v_j, s), k_j, v_j), None
 
         (carry, _, _), _ = lax.scan(step, (carry, k, v), jnp.arange(1, N))
-    return carry
+    out, lse = carry
+    return _from_layout(out, -2, r, N, layout, axis), _from_layout(lse, -1, r, N, layout, axis)
 
 
 # --------------------------------------------------------------------------

@@ -19,7 +19,9 @@ compile time, not arithmetic, is what these tests spend, so the ring cases
 are a dozen hand-picked configurations that cover each dimension, not
 their product.
 """
+import collections
 import functools
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -267,6 +269,21 @@ def test_ring_of_one_device_and_a_given_mesh(rng):
     statics = {**case.statics(), "num_shards": None}
     got = ji.ring_attention(**arrays, **statics, mesh=mesh, axis_name="seq")
     assert _worst(np.asarray(got[0]), want[0]) <= 1e-12 and _worst(np.asarray(got[1]), want[1]) <= 1e-12
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_the_ring_only_passes_blocks_to_its_neighbours(layout, rng):
+    # compiled HLO, N = 4: k and v rotate in the step loop (2 collective-permutes, once in the HLO);
+    # zigzag adds 2 per tensor to trade half-blocks (q, k, v in; out, lse back): 2 + 6 + 4
+    arrays = {n: jnp.asarray(a) for n, a in Ring(4, layout, True, mask="pad").arrays(rng).items()}
+    ring = jax.jit(functools.partial(ji.ring_attention, causal=True, layout=layout, num_shards=4))
+    hlo = ring.lower(**arrays).compile().as_text()
+    ops = collections.Counter(re.findall(r"= \S+ ([a-z-]+)\(", hlo))
+    assert {c: ops[c] for c in COLLECTIVES if ops[c]} == {
+        "collective-permute": 2 if layout == "contiguous" else 12}
+    out, lse = ring(**arrays)
+    for x, spec in ((out, P(None, None, "seq", None)), (lse, P(None, None, "seq"))):  # blocks, in order
+        assert x.sharding.is_equivalent_to(NamedSharding(x.sharding.mesh, spec), x.ndim)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
