@@ -264,6 +264,10 @@ def test_ring_of_one_device_and_a_given_mesh(rng):
     want = nr.ring_attention(**arrays, **case.statics())
     one = ji.ring_attention(**arrays, **{**case.statics(), "num_shards": 1})  # world size 1: no communication
     assert _worst(np.asarray(one[0]), want[0]) <= 1e-12 and _worst(np.asarray(one[1]), want[1]) <= 1e-12
+    # no num_shards, no mesh: every device of jax.devices()
+    every = ji.ring_attention(**arrays, causal=case.causal, layout=case.layout)
+    want8 = nr.ring_attention(**arrays, **{**case.statics(), "num_shards": DEVICES})
+    assert _worst(np.asarray(every[0]), want8[0]) <= 1e-12 and len(every[0].sharding.device_set) == DEVICES
     # a 2-D mesh: the ring over "seq", replicated over "data"
     mesh = Mesh(np.asarray(jax.devices()).reshape(4, 2), ("data", "seq"))
     statics = {**case.statics(), "num_shards": None}
