@@ -238,7 +238,8 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
         Divides ``Lq`` and ``Lk`` (twice over for zigzag).
       mesh: optional ``jax.sharding.Mesh``; the ring runs over ``axis_name``
         (``num_shards``, if given, must be its size); other axes replicate.
-      axis_name: the mesh axis of the sequence; default the mesh's only axis.
+      axis_name: the mesh axis of the sequence; default the mesh's only axis
+        (with ``mesh=None``: the name of the 1-D mesh's axis, default ``"seq"``).
 
     Returns:
       ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; ``lse`` float32 for half
