@@ -18,9 +18,10 @@ on this 2-core machine, tests/jax_impl/test_blockwise.py and test_jit.py
 or eight, a single-device program compiles and runs the same, and every
 other test uses ``jax.devices()[0]``.
 """
-from conformance.xla import XLA_FAST_COMPILE, use_fast_compile
+from conformance.xla import use_fast_compile, use_host_devices
 
-use_fast_compile({**XLA_FAST_COMPILE, "xla_force_host_platform_device_count": "8"})
+use_fast_compile()
+use_host_devices()  # 8 simulated CPU devices, as the main command has
 
 try:  # JAX is an optional extra
     import jax

@@ -504,8 +504,9 @@ def bad_calls(draw):
             key = draw(st.sampled_from(sorted(value)))
             new = _DELETE
             path = path + (key,)
+            # a stack's final norm is optional (an encoder's, a decoder's, inside a transformer's too)
             invalid = not (top == "dropout_masks" and not in_params and not dropout_on) and not (
-                top == "params" and key == "norm" and len(path) == 2)
+                top == "params" and key == "norm")
             if top == "dropout_masks" and dropout_on and function in ("encoder_layer", "decoder_layer"):
                 return draw(bad_calls())  # a missing site is drawn (numpy, torch) or an rng error (JAX)
         elif family == "extra-key":
