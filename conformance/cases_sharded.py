@@ -78,22 +78,19 @@ _case("sharded/merge/one-part", _MERGE, partial(_merge, S=1), note="one part is 
 _case("sharded/ring/2/contiguous/none", _RING, partial(_ring, N=2), note="every step computed")
 _case("sharded/ring/4/contiguous/padding+causal", _RING, partial(_ring, N=4, mask="padding", causal=True),
       note="device r sees key shards 0..r; padding ends inside a shard")
-_case("sharded/ring/2/zigzag/causal", _RING, partial(_ring, N=2, layout="zigzag", causal=True),
-      note="shard r holds chunks r and 2N-1-r: positions decide causality, not shard indices")
 _case("sharded/ring/4/zigzag/padding+causal", _RING, partial(_ring, N=4, layout="zigzag", mask="padding",
                                                               causal=True),
-      note="chunks of one position; padding crossing the chunks")
+      note="shard r holds chunks r and 2N-1-r (of one position each): positions decide causality, "
+           "not shard indices; padding crossing the chunks")
 _case("sharded/ring/4/zigzag/fully-masked", _RING, partial(_ring, N=4, layout="zigzag", mask="fully-masked",
                                                            causal=True),
       note="rows with no key in any shard: out 0, lse -inf, gradient 0")
-_case("sharded/ring/4/contiguous/per-head", _RING, partial(_ring, N=4, mask="per-head"),
-      note="a mask per batch and head (B, H, 1, Lk): its columns travel with the keys")
 _case("sharded/ring/2/zigzag/gqa+causal", _RING, partial(_ring, N=2, layout="zigzag", causal=True, kv_heads=HKV,
                                                          mask="padding"),
       note="k/v shards travel with Hkv heads; query head h reads kv head h // 2")
 _case("sharded/ring/2/contiguous/bottom-right/wide", _RING,
-      partial(_ring, N=2, causal=True, align="bottom_right", Lq=4, Lk=8, mask="padding"),
-      note="query i at position i + Lk - Lq (a cache's prefix)")
+      partial(_ring, N=2, causal=True, align="bottom_right", Lq=4, Lk=8, mask="per-head"),
+      note="query i at position i + Lk - Lq (a cache's prefix); a mask per batch and head (B, H, 1, Lk)")
 _case("sharded/ring/4/contiguous/bottom-right/tall", _RING,
       partial(_ring, N=4, causal=True, align="bottom_right", Lq=8, Lk=4),
       note="Lq > Lk: the first 4 rows see no key (0, not NaN)")
