@@ -267,7 +267,10 @@ def _shutdown(procs, jobs, results, stop):
             p.kill()
             p.join(5.0)
     for q in (*jobs, results):
-        q.close()
+        # not q.close(): measured, closing these queues inside a worker of a
+        # ProcessPoolExecutor (the conformance command's --jobs) closed that worker's
+        # connection to its progress queue (a Manager proxy: "'NoneType' object cannot be
+        # interpreted as an integer" on its next put); they close when collected
         q.cancel_join_thread()
 
 
