@@ -18,7 +18,9 @@ per rank on CUDA), and reports per configuration:
 - the communication each device sends (counted, not timed): ``N - 1`` k/v
   shards forward, ``N - 1`` k/v shards plus ``N`` gradient accumulators
   backward, ``B · Hkv · (L / N) · (Dk + Dv)`` elements each
-  (``ring_schedule(...).sends``);
+  (``ring_schedule(...).sends``); JAX's zigzag also moves the global arrays
+  into the zigzag placement and back (``relayout_bytes_per_device_at_most``
+  in the JSON: one shard of q, k, v, out and lse);
 - the work schedule: blocks per device and the imbalance max/mean
   (contiguous causal ``2N / (N + 1)``, zigzag 1).
 
@@ -270,6 +272,11 @@ def _with_schedule(row, config, itemsize):
     row["imbalance"] = work["imbalance"]
     row["sent_bytes_per_device"] = communication(config["B"], config["Hkv"], row["L"], row["N"],
                                                  config["D"], config["D"], itemsize)
+    if row["framework"] == "jax" and row["layout"] == "zigzag" and row["N"] > 1:
+        # jax_impl takes global arrays: q, k, v move to the zigzag placement (two ppermutes of
+        # half a shard each) and out, lse move back; at most one shard of each per device
+        n, B, H, Hkv, D = row["L"] // row["N"], config["B"], config["H"], config["Hkv"], config["D"]
+        row["relayout_bytes_per_device_at_most"] = (B * H * n * (2 * D + 1) + 2 * B * Hkv * n * D) * itemsize
     return row
 
 
