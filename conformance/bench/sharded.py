@@ -50,7 +50,7 @@ __all__ = ["main", "PRESETS", "communication"]
 
 #: name -> (lengths, shard counts, B, H, Hkv, head width, repeats)
 PRESETS = {
-    "sharded": dict(lengths=(1024, 4096), shards=(1, 2, 4, 8), B=1, H=8, Hkv=8, D=64, repeats=5),
+    "sharded": dict(lengths=(512, 2048), shards=(1, 2, 4, 8), B=1, H=4, Hkv=4, D=64, repeats=3),
     "sharded-quick": dict(lengths=(64,), shards=(1, 2), B=1, H=2, Hkv=2, D=16, repeats=2),
 }
 
