@@ -201,14 +201,7 @@ class Rules(ArrayRules):
         alignment, a layout, ``num_shards >= 1`` dividing ``Lq`` and ``Lk``
         (twice over for zigzag). Returns the group size ``G``."""
         G = self.sdpa(q, k, v, mask, None, scale, 0.0, None)
-        self.flag(causal, "causal")
-        self.choice(align, "align", ALIGNS)
-        per_shard = self.layout(layout)
-        N = self.count(num_shards, "num_shards", 1)
-        q_letters = (*("B", "H")[: q.ndim - 2], "Lq", "Dk")
-        k_letters = (*self._kv_heads(q, k)[0], "Lk", "Dk")
-        self._divides(q, "q", q_letters, -2, N, per_shard)
-        self._divides(k, "k", k_letters, -2, N, per_shard)
+        self._ring_lengths(q, k, causal, align, layout, num_shards, local=False)
         return G
 
     def ring_shard(self, q, k, v, mask, scale, causal, align, layout, num_shards) -> int:
@@ -217,18 +210,23 @@ class Rules(ArrayRules):
         (even for zigzag), ``mask`` broadcastable to the *global*
         ``(*batch, Lq, Lk)``. Returns the group size ``G``."""
         G = self.sdpa(q, k, v, None, None, scale, 0.0, None)
+        N, batch = self._ring_lengths(q, k, causal, align, layout, num_shards, local=True)
+        target = (*q.shape[:-2], int(q.shape[-2]) * N, int(k.shape[-2]) * N)
+        self._mask(mask, "mask", q, "q", target, (*batch, "Lq", "Lk"))
+        return G
+
+    def _ring_lengths(self, q, k, causal, align, layout, num_shards, local) -> tuple:
+        """The ring's flags, and q's and k's sequence lengths split into the shards
+        (``local``: one rank's shard, whole chunks only). Returns ``(N, q's batch letters)``."""
         self.flag(causal, "causal")
         self.choice(align, "align", ALIGNS)
         per_shard = self.layout(layout)
         N = self.count(num_shards, "num_shards", 1)
-        q_letters = (*("B", "H")[: q.ndim - 2], "Lq", "Dk")
-        k_letters = (*self._kv_heads(q, k)[0], "Lk", "Dk")
-        local = "this rank's shard of a zigzag layout holds 2 equal chunks"
-        self._divides(q, "q", q_letters, -2, 1, per_shard, local)
-        self._divides(k, "k", k_letters, -2, 1, per_shard, local)
-        target = (*q.shape[:-2], int(q.shape[-2]) * N, int(k.shape[-2]) * N)
-        self._mask(mask, "mask", q, "q", target, (*q_letters[:-2], "Lq", "Lk"))
-        return G
+        batch = ("B", "H")[: q.ndim - 2]
+        how = "this rank's shard of a zigzag layout holds 2 equal chunks" if local else None
+        for x, name, letters in ((q, "q", (*batch, "Lq", "Dk")), (k, "k", (*self._kv_heads(q, k)[0], "Lk", "Dk"))):
+            self._divides(x, name, letters, -2, 1 if local else N, per_shard, how)
+        return N, batch
 
     def same_on_every_rank(self, name, mine, theirs) -> None:
         """ValueError unless every rank reported the same ``(dtype, shape)`` for ``name``."""
