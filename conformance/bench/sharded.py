@@ -332,16 +332,20 @@ def _plot(rows, path):
         sel = sorted((r for r in rows if (r["framework"], r["L"], r["causal"], r["layout"]) == key),
                      key=lambda r: r["N"])
         label = f"{key[0]} L={key[1]} {'causal' if key[2] else 'full'} {key[3]}"
-        ax_t.plot([r["N"] for r in sel], [r["forward+backward"]["median_ms"] for r in sel], marker="o", label=label)
+        style = {"linestyle": "-", "marker": "o"} if key[0] == "jax" else {"linestyle": "--", "marker": "s"}
+        ax_t.plot([r["N"] for r in sel], [r["forward+backward"]["median_ms"] for r in sel], label=label, **style)
         mem = [(r["N"], r["memory_bytes"]["forward+backward"]) for r in sel if r["memory_bytes"]["forward+backward"]]
         if mem:
-            ax_m.plot([n for n, _ in mem], [b / 2**20 for _, b in mem], marker="o", label=label)
+            ax_m.plot([n for n, _ in mem], [b / 2**20 for _, b in mem], label=label, **style)
     ax_t.set(xscale="log", yscale="log", xlabel="shards N", ylabel="forward+backward, median ms",
              title="time (simulated devices share the CPU)")
     ax_m.set(xscale="log", yscale="log", xlabel="shards N", ylabel="MiB per device",
              title="per-device memory (compiled program)")
+    shards = sorted({r["N"] for r in rows})
     for ax in (ax_t, ax_m):
         ax.grid(True, which="both", alpha=0.3)
+        ax.set_xticks(shards, [str(n) for n in shards])  # 1, 2, 4, 8 rather than 10^0 ...
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax_t.legend(fontsize=6)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
