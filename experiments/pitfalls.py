@@ -42,7 +42,7 @@ it against the project's function (torch_impl / numpy_ref) on the same input:
 
 Run from the repository root::
 
-    python -m experiments.pitfalls                          # full run, ~2 min
+    python -m experiments.pitfalls                          # full run, ~30 s
     python -m experiments.pitfalls --quick                  # the tests' size
     python -m experiments.pitfalls --out docs/experiments   # the docs' figures
 
@@ -67,7 +67,7 @@ from experiments._common import output_dir, parser, progress, pyplot, save_figur
 NAME = "pitfalls"
 
 CONFIGS = {
-    "full": dict(n=6, symbols=8, d_model=32, heads=4, d_ff=64, layers=2, steps=500, batch=64,
+    "full": dict(n=10, symbols=16, d_model=32, heads=4, d_ff=64, layers=2, steps=400, batch=64,
                  lr=3e-3, eval_size=500, dks=(4, 16, 64, 256, 1024), rows=256, Lk=64),
     "quick": dict(n=3, symbols=4, d_model=16, heads=2, d_ff=32, layers=1, steps=60, batch=32,
                   lr=1e-2, eval_size=64, dks=(4, 64), rows=32, Lk=16),
@@ -386,7 +386,8 @@ def leakage(cfg, seed):
             a = lm_logits(p, probe, H, causal, pe)
             probe[:, -1] = (probe[:, -1] + 1) % K
             b = lm_logits(p, probe, H, causal, pe)
-        res[name] = {"loss_curve": curve, "final_train_loss": float(np.mean(curve[-max(1, len(curve) // 20):])),
+        below = next((i + 1 for i, v in enumerate(curve) if v < 0.1), None)
+        res[name] = {"loss_curve": curve, "first_step_below_0.1": below, "final_train_loss": float(np.mean(curve[-max(1, len(curve) // 20):])),
                      "eval_teacher_forced_loss": float(tf_loss), "teacher_forced_exact": tf_exact,
                      "greedy_exact": float((gen == tgt).all(-1).double().mean()),
                      "greedy_token_acc": float((gen == tgt).double().mean()),
@@ -453,10 +454,11 @@ def summary_rows(r):
          "project": d["other_device_table"]["project_error"]},
     ]
     m, u = e["masked"], e["no_mask"]
-    for key, label in (("final_train_loss", "train loss"), ("teacher_forced_exact", "teacher-forced exact"),
+    for key, label in (("final_train_loss", "train loss"), ("first_step_below_0.1", "first step with loss < 0.1"), ("teacher_forced_exact", "teacher-forced exact"),
                        ("greedy_exact", "greedy exact"), ("greedy_token_acc", "greedy token acc")):
-        rows.append({"pitfall": f"(e) {label}", "naive": f"{u[key]:.3f} (no mask)",
-                     "project": f"{m[key]:.3f} (causal mask)"})
+        fmt = {"first_step_below_0.1": str, "final_train_loss": lambda v: f"{v:.3g}"}.get(key, lambda v: f"{v:.3f}")
+        rows.append({"pitfall": f"(e) {label}", "naive": f"{fmt(u[key])} (no mask)",
+                     "project": f"{fmt(m[key])} (causal mask)"})
     return rows
 
 
@@ -470,7 +472,8 @@ def figures(r, out):
     idx = np.arange(len(fm["naive_weights"]))
     ax[0].bar(idx - 0.2, fm["naive_weights"], 0.4, label="scores + (1-mask)·-1e9")
     ax[0].bar(idx + 0.2, fm["project_weights"], 0.4, label="selection (project)")
-    ax[0].set(title="a fully masked row: weights", xlabel="key", ylabel="weight")
+    ax[0].set(title="a fully masked row: weights", xlabel="key", ylabel="weight",
+              ylim=(0, 1.4 * max(fm["naive_weights"])))
     ax[0].legend(fontsize=8)
     labels = ["float16", "bfloat16"]
     for i, (lab, col) in enumerate((("naive_nan", "C0"), ("project_nan", "C1"))):
