@@ -327,26 +327,28 @@ def plot(plt, runs, cfg, out):
                     ls="--" if name == "no_pe" else "-")
             ax.fill_between(steps, curves.min(0), curves.max(0), color=colors[name], alpha=0.15)
         classes = 2 if task == "before" else cfg["symbols"]
-        ax.axhline(math.log(classes), color="gray", lw=0.8, ls=":", label="chance (log C)")
-        ax.set(title=task, xlabel="step", ylabel="training loss (cross-entropy)")
+        ax.axhline(math.log(classes), color="gray", lw=0.8, ls=":", label="uniform guess (log C)")
+        ax.set(title=task, xlabel="step", ylabel="training loss (cross-entropy)", yscale="log")
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"training loss, mean over {cfg['seeds']} seeds (band: min-max)")
     save_figure(fig, out, f"{NAME}_curves")
 
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig, ax = plt.subplots(figsize=(9.5, 4))
     names, width = list(VARIANTS), 0.8 / len(runs)
     for j, (task, by_variant) in enumerate(runs.items()):
         acc = np.array([[r["accuracy"] for r in by_variant[n]] for n in names])  # (variants, seeds)
         x = np.arange(len(names)) + (j - (len(runs) - 1) / 2) * width
-        ax.bar(x, acc.mean(1), width, label=f"{task} (chance {chance_of(task, cfg):.2f})")
+        bars = ax.bar(x, acc.mean(1), width, label=f"{task} (chance {chance_of(task, cfg):.2f})")
         ax.errorbar(x, acc.mean(1), yerr=[acc.mean(1) - acc.min(1), acc.max(1) - acc.mean(1)],
                     fmt="none", color="black", lw=0.8)
         ceiling = np.mean([r["order_blind_ceiling"] for r in by_variant["no_pe"]])
-        ax.hlines(ceiling, x[0] - width / 2, x[-1] + width / 2, color="black", lw=0.8, ls=":")
+        ax.hlines(ceiling, x[0] - width / 2, x[-1] + width / 2, color=bars.patches[0].get_facecolor(),
+                  lw=1.2, ls=":")
     ax.set_xticks(np.arange(len(names)), names)
     ax.set(ylabel="held-out accuracy", ylim=(0, 1.05),
-           title="final accuracy (bar: mean, whisker: min-max, dotted: best order-blind)")
-    ax.legend(fontsize=8, loc="lower right")
+           title="final held-out accuracy (bar: mean, whisker: min-max, dotted: best order-blind model)",
+           )
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.08), ncol=len(runs), frameon=False)
     save_figure(fig, out, f"{NAME}_accuracy")
 
 
