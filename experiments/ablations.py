@@ -73,6 +73,7 @@ CONFIGS = {
     "quick": dict(d_model=16, heads=4, d_ff=32, layers=1, symbols=6, length=6, offset=2,
                   steps=12, batch=16, lr=3e-3, eval_size=64, log_every=4, seeds=3),
 }
+LOSS_THRESHOLD = 0.1  # "learned": the speed column of the table
 DTYPE = torch.float64  # tiny matrices: float64 costs little here and makes the pair check exact
 
 
@@ -296,10 +297,10 @@ def chance_of(task, cfg):
 
 
 def summarize(runs, cfg):
-    """``runs[task][variant] = [per-seed results]`` -> (table rows, numbers per task and variant)."""
-    rows, summary = [], {}
+    """``runs[task][variant] = [per-seed results]`` -> (accuracy rows, speed rows, numbers)."""
+    rows, speed_rows, summary = [], [], {}
     for task, by_variant in runs.items():
-        summary[task] = {}
+        summary[task], speed_row = {}, {"task": task}
         ceiling = float(np.mean([r["order_blind_ceiling"] for r in by_variant["no_pe"]]))
         row = {"task": task, "chance": chance_of(task, cfg), "order-blind best": ceiling}
         for name, results in by_variant.items():
@@ -310,10 +311,22 @@ def summarize(runs, cfg):
                                        accuracy_min=float(acc.min()), accuracy_max=float(acc.max()),
                                        test_loss_mean=float(loss.mean()),
                                        final_train_loss_mean=float(np.mean([r["curve"][-1] for r in results])))
+            reached = [first_below(r["curve"], cfg) for r in results]
+            reached = [x for x in reached if x is not None]
+            summary[task][name]["steps_to_loss_0.1"] = reached
             row[name] = f"{acc.mean():.3f} ± {sd:.3f}"
+            speed_row[name] = (f"{np.mean(reached):.0f} ({len(reached)}/{len(results)})" if reached
+                               else f"never (0/{len(results)})")
         summary[task]["order_blind_ceiling"] = ceiling
         rows.append(row)
-    return rows, summary
+        speed_rows.append(speed_row)
+    return rows, speed_rows, summary
+
+
+def first_below(curve, cfg, threshold=LOSS_THRESHOLD):
+    """The first logged step whose mean training loss is below ``threshold`` (None: never)."""
+    hits = [i for i, loss in enumerate(curve) if loss < threshold]
+    return (hits[0] + 1) * cfg["log_every"] if hits else None
 
 
 def plot(plt, runs, cfg, out):
@@ -363,7 +376,7 @@ def main(argv=None):
     runs = {t: {n: [] for n in VARIANTS} for t in TASKS}
     for task, name, seed in progress(jobs, desc=NAME):
         runs[task][name].append(train(cfg, task, name, seed))
-    rows, summary = summarize(runs, cfg)
+    rows, speed_rows, summary = summarize(runs, cfg)
     seconds = time.perf_counter() - start
     gaps = [r["twin_logit_gap"] for r in runs["before"]["no_pe"]]
     data = dict(config=cfg, seeds=seeds, variants={n: asdict(v) for n, v in VARIANTS.items()},
@@ -376,6 +389,9 @@ def main(argv=None):
         plot(plt, runs, cfg, args.out)
     print(f"final held-out accuracy, mean ± sd over seeds {seeds} ({seconds:.0f} s)\n")
     print(table(rows))
+    print(f"\nsteps until the training loss (mean of {cfg['log_every']} steps) is below "
+          f"{LOSS_THRESHOLD}: mean over the seeds that got there in {cfg['steps']} (how many)\n")
+    print(table(speed_rows))
     p = perm
     print(f"\npermutation check ({SENTENCES[0]} vs {SENTENCES[1]}, float64): without PE "
           f"|encode(b) - encode(a)[perm]| = {p['no_pe']['sentence_equivariance_error']:.1e}, "

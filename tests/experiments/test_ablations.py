@@ -117,6 +117,8 @@ def test_quick_run_json_has_every_task_variant_seed_and_finite_numbers(quick):
             acc = [r["accuracy"] for r in runs]
             assert s["accuracy_mean"] == pytest.approx(np.mean(acc))
             assert s["accuracy_min"] <= s["accuracy_mean"] <= s["accuracy_max"]
+            expected = [A.first_below(r["curve"], cfg) for r in runs]
+            assert s["steps_to_loss_0.1"] == [x for x in expected if x is not None]
         assert saved["chance"][task] == (0.5 if task == "before" else 1 / cfg["symbols"])
         # a model blind to order can beat a uniform guess on the token tasks (repeated symbols)
         assert saved["summary"][task]["order_blind_ceiling"] >= saved["chance"][task]
@@ -153,3 +155,12 @@ def test_full_model_learns_the_order_task_that_no_pe_cannot():
     assert no_pe["accuracy"] == 0.5
     # 3 binomial standard deviations above chance on the eval set's size
     assert full["accuracy"] > 0.5 + 3 * math.sqrt(0.25 / cfg["eval_size"])
+
+
+def test_first_below_is_the_first_logged_step_under_the_threshold():
+    pytest.importorskip("torch")
+    from experiments import ablations as A
+
+    cfg = {"log_every": 10}
+    assert A.first_below([0.9, 0.2, 0.05, 0.2, 0.01], cfg, 0.1) == 30
+    assert A.first_below([0.9, 0.2], cfg, 0.1) is None
