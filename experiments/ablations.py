@@ -41,7 +41,7 @@ which is why ``no_pe`` sits at exactly 0.5 on the paired ``before`` set.
 
 Run from the repository root::
 
-    python -m experiments.ablations --out docs/experiments   # the full run, ~3 min on 2 cores
+    python -m experiments.ablations --out docs/experiments   # the full run, ~2 min on 2 cores
     python -m experiments.ablations --quick                  # seconds (the tests)
 
 Writes ``ablations.json`` (every curve, accuracy and the permutation check) and
@@ -53,9 +53,8 @@ deviation over the 3 seeds, per task and variant.
 from __future__ import annotations
 
 import math
-import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -66,14 +65,14 @@ from ._common import parser, progress, pyplot, save_figure, table, write_json
 
 NAME = "ablations"
 
-#: sizes of the full run (~3 min on 2 cores) and of the quick one (the tests)
+#: sizes of the full run (~2 min on 2 cores) and of the quick one (the tests)
 CONFIGS = {
     "full": dict(d_model=32, heads=4, d_ff=64, layers=2, symbols=8, length=12, offset=5,
                  steps=160, batch=64, lr=3e-3, eval_size=512, log_every=10, seeds=3),
     "quick": dict(d_model=16, heads=4, d_ff=32, layers=1, symbols=6, length=6, offset=2,
                   steps=12, batch=16, lr=3e-3, eval_size=64, log_every=4, seeds=3),
 }
-LOSS_THRESHOLD = 0.1  # "learned": the speed column of the table
+LOSS_THRESHOLD = 0.1  # "learned": the speed table
 DTYPE = torch.float64  # tiny matrices: float64 costs little here and makes the pair check exact
 
 
@@ -193,7 +192,7 @@ def eval_set(gen, cfg, task):
 
 
 def order_blind_ceiling(ids, target, cfg, task):
-    """The best accuracy any model that ignores order can reach on ``(ids, target)``.
+    """The expected accuracy on ``(ids, target)`` of the best predictor that ignores order.
 
     Such a model sees, at position ``i``, its own token ``x_i`` and the multiset of
     the sequence only. In ``reverse`` and ``shift`` the target ``x_j`` (``j != i``)
