@@ -127,3 +127,15 @@ def test_torch_optim_kernels_round_like_one_formula_or_the_other():
     for op, counts in T.torch_fused_ops(n=400).items():
         assert min(counts.values()) == 0, (op, counts)  # each kernel is one formula exactly
         assert max(counts.values()) > 0, (op, counts)  # and the two formulas differ on these inputs
+
+
+def test_jax_without_the_gradient_clipping_is_caught(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("jax")
+    clip = T.jax_clip
+    monkeypatch.setattr(T, "jax_clip", lambda grads, max_norm: (grads, clip(grads, max_norm)[1]))
+    with pytest.raises(SystemExit) as exit_info:
+        T.main([*QUICK, "--backends", "numpy,jax", "--no-float32", "--no-sensitivity", "--out", str(tmp_path)])
+    assert exit_info.value.code == 1
+    data = json.loads((tmp_path / "trajectory.json").read_text())
+    pair = data["float64"]["pairs"]["numpy-jax"]
+    assert pair["rel_loss_diff"][0] <= 1e-15 and pair["worst_rel_loss_diff"] > T.LOSS_RTOL
