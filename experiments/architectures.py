@@ -102,6 +102,14 @@ def run(cfg, task, seed):
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float32)
     models = build_models(cfg)
+    # one untimed forward+backward each (torch's first calls pay for lazy set-up, which
+    # would otherwise land on the first model's training time); parameters redrawn below
+    warm = s2s.batch(torch.Generator().manual_seed(seed + 2), cfg["batch"], (cfg["train_lengths"][1],),
+                     cfg["symbols"], task)
+    for model in models.values():
+        out = model(warm[0], warm[2], warm[1])
+        s2s.cross_entropy(out[0] if isinstance(out, tuple) else out, warm[3], warm[4]).backward()
+        model.zero_grad(set_to_none=True)
     results = {}
     for name in progress(MODELS, desc="architectures"):
         model = models[name]
