@@ -11,7 +11,8 @@ whole ``n``-token prefix (``O(n²)`` attention plus ``O(n D²)`` projections),
 at the price of ``2 · layers · D`` stored numbers per token.
 
 Method: nothing is timed here. The benchmark (``conformance/bench``, see
-docs/BENCHMARKS.md) is called as its command line is, with its own presets,
+docs/BENCHMARKS.md) is called as its command line is (its ``main``, in a
+child process with one BLAS and one torch thread), with its own presets,
 timing loop (interleaved repeats, calibrated samples, medians) and memory
 probes (tracemalloc for numpy, the profiler's allocation events for torch on
 a CPU, ``max_memory_allocated`` on CUDA), restricted to ``--frameworks``
@@ -42,11 +43,10 @@ not): trust the slopes over many lengths, not one ratio.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -76,24 +76,43 @@ def bench_argv(quick, seed, json_path):
             "--seed", str(seed), "--json", str(json_path), "--plot", "none"]
 
 
+#: one thread everywhere: numpy's BLAS reads these when it is imported (so the
+#: benchmark runs in a child process), torch is told in the child; on a shared
+#: machine a BLAS with 2 threads per process spins against the other processes
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def run_bench(argv, frameworks, report_path):
-    """``python -m conformance bench argv`` in process, with only ``frameworks``'
-    implementations; its text report goes to ``report_path``. Returns its JSON."""
-    import torch
-
-    from conformance.bench import cases, cli
-
-    torch.set_num_threads(1)  # as every torch experiment; the header records it
-    keep = {op: tuple(i for i in impls if i.framework in frameworks)
-            for op, impls in cases.IMPLS.items() if op in ("blockwise", "decode")}
-    report = io.StringIO()
-    with mock.patch.dict(cases.IMPLS, keep), contextlib.redirect_stdout(report):
-        rc = cli.main(argv)
-    Path(report_path).write_text(report.getvalue())
+    """``python -m conformance bench argv`` with only ``frameworks``'
+    implementations, in a child process with one thread (:data:`ONE_THREAD`);
+    its text report goes to ``report_path``. Returns its JSON."""
+    code = ("import json, sys; from experiments.attention_cost import bench_in_process; "
+            "sys.exit(bench_in_process(json.loads(sys.argv[1]), json.loads(sys.argv[2])))")
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
+    with open(report_path, "w") as report:
+        rc = subprocess.run([sys.executable, "-c", code, json.dumps(argv), json.dumps(list(frameworks))],
+                            env=env, stdout=report).returncode
     if rc:
         raise SystemExit(f"the benchmark failed (exit {rc}); see {report_path}")
     json_path = argv[argv.index("--json") + 1]
     return json.loads(Path(json_path).read_text())
+
+
+def bench_in_process(argv, frameworks):
+    """The benchmark's ``main(argv)`` with the other frameworks' implementations
+    of the blockwise and decode operations left out (restored afterwards)."""
+    import torch
+
+    from conformance.bench import cases, cli
+
+    torch.set_num_threads(1)
+    keep = {op: tuple(i for i in impls if i.framework in frameworks)
+            for op, impls in cases.IMPLS.items() if op in ("blockwise", "decode")}
+    with mock.patch.dict(cases.IMPLS, keep):
+        return cli.main(argv)
 
 
 # --------------------------------------------------------------------------
@@ -294,7 +313,6 @@ def main(argv=None):
         bench = json.loads(args.from_json.read_text())
         source = str(args.from_json)
     else:
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         json_path = out / f"{NAME}_bench.json"
         bench = run_bench(bench_argv(args.quick, args.seed, json_path), frameworks,
                           out / f"{NAME}_bench.txt")
@@ -305,6 +323,7 @@ def main(argv=None):
                          "--preset blockwise and/or --preset decode)")
     data.update(source=source, quick=args.quick, seed=args.seed,
                 frameworks=list(frameworks) if not args.from_json else None,
+                threads=None if args.from_json else ONE_THREAD,
                 wall_s=time.perf_counter() - began)
     write_json(out, NAME, data)
     plt = pyplot()

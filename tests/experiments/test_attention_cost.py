@@ -1,5 +1,5 @@
 """``python -m experiments.attention_cost --quick``: the benchmark's tiny
-blockwise and decode presets run in process; the JSON's series, finite
+blockwise and decode presets run in a one-thread child process; the JSON's series, finite
 numbers, dense memory growing with L (faster than blockwise memory), the KV
 cache's size, and ``--from-json`` reading the same benchmark JSON back."""
 import json
@@ -31,6 +31,8 @@ def test_json_has_both_studies_with_finite_numbers(quick):
     assert data["frameworks"] == ["numpy", "torch"]
     # only the chosen frameworks' implementations ran
     assert {r["framework"] for r in bench["results"]} == {"numpy", "torch"}
+    assert bench["header"]["torch_num_threads"] == 1
+    assert data["threads"]["OPENBLAS_NUM_THREADS"] == "1"
     impls = {s["impl"] for s in data["blockwise"]}
     assert {"numpy_ref[dense]", "numpy_ref[blockwise]", "torch_impl[dense]",
             "torch_impl[blockwise]"} <= impls
