@@ -21,7 +21,9 @@ preset (one head of width 64, forward+backward, causal, at each length) and
 the ``decode`` preset (a 2-layer decoder, one step at each cache length).
 Its JSON is kept beside ours (``attention_cost_bench.json``; its text report
 in ``attention_cost_bench.txt``); this module reads it back and fits
-log-log slopes: ``memory ~ L^e``, ``time ~ L^e``. With ``--from-json PATH``
+log-log slopes: ``memory ~ L^e``, ``time ~ L^e``, fitted over every length and
+between the two longest (nearer the asymptote: at short lengths fixed costs,
+such as the blockwise loop's Python overhead, flatten the curves). With ``--from-json PATH``
 it reads a benchmark JSON you ran yourself (``python -m conformance bench
 --preset blockwise --preset decode ...``, any machine, a GPU included)
 instead of running one.
@@ -59,8 +61,8 @@ FRAMEWORKS = ("numpy", "torch", "jax")
 
 #: the benchmark's command line per size (its own presets; our lengths and repeats)
 BENCH_ARGS = {
-    "full": ["--preset", "blockwise", "--lengths", "256,512,1024,2048,4096", "--causal", "yes",
-             "--preset", "decode", "--decode-lengths", "64,128,256,512,1024,2048",
+    "full": ["--preset", "blockwise", "--lengths", "256,512,1024,2048,4096,8192", "--causal", "yes",
+             "--preset", "decode", "--decode-lengths", "64,128,256,512,1024,2048,4096",
              "--repeats", "3", "--warmup", "1", "--min-time", "0.02"],
     # the smoke test: the benchmark's own tiny presets (blockwise-quick: L = 40, 200 with
     # blocks of 32, causal and not), its --quick settings
@@ -149,6 +151,10 @@ def _series(records, op, key):
         s["time_slope"] = slope(s["L"], s["time_s"])
         s["memory_slope"] = (slope(s["L"], s["memory_bytes"])
                              if all(m is not None for m in s["memory_bytes"]) else None)
+        # between the two longest lengths: nearer the asymptote than the fit over all
+        s["time_slope_end"] = slope(s["L"][-2:], s["time_s"][-2:])
+        s["memory_slope_end"] = (slope(s["L"][-2:], s["memory_bytes"][-2:])
+                                 if all(m is not None for m in s["memory_bytes"][-2:]) else None)
     return list(out.values())
 
 
@@ -268,14 +274,21 @@ def _mib(x):
     return "" if x is None else f"{x / 2**20:.3g}"
 
 
+def _slopes(fit, end):
+    """``"fit (end)"``: the slope fitted over every length, then between the two longest."""
+    if fit is None:
+        return ""
+    return f"{fit:.2f} ({end:.2f})" if end is not None else f"{fit:.2f}"
+
+
 def blockwise_rows(data):
     rows = []
     for s in data["blockwise"]:
         row = {"impl": s["impl"], "causal": s["causal"]}
         for n, t, m in zip(s["L"], s["time_s"], s["memory_bytes"]):
             row[f"L={n}"] = f"{1e3 * t:.3g} ms / {_mib(m)} MiB"
-        row["time ~ L^"] = "" if s["time_slope"] is None else round(s["time_slope"], 2)
-        row["memory ~ L^"] = "" if s["memory_slope"] is None else round(s["memory_slope"], 2)
+        for key, label in (("time", "time ~ L^"), ("memory", "memory ~ L^")):
+            row[label] = _slopes(s[f"{key}_slope"], s[f"{key}_slope_end"])
         rows.append(row)
     return rows
 
@@ -286,7 +299,7 @@ def decode_rows(data):
         row = {"impl": s["impl"]}
         for n, t in zip(s["L"], s["time_s"]):
             row[f"n={n}"] = f"{1e3 * t:.3g} ms"
-        row["time ~ n^"] = "" if s["time_slope"] is None else round(s["time_slope"], 2)
+        row["time ~ n^"] = _slopes(s["time_slope"], s["time_slope_end"])
         rows.append(row)
     for r in data["decode_ratios"]:
         row = {"impl": f"{r['framework']}: recompute / cached"}
@@ -329,7 +342,8 @@ def main(argv=None):
     plt = pyplot()
     if plt is not None:
         plot(plt, data, out)
-    print("dense vs blockwise attention, one forward+backward (median time / memory above the inputs):")
+    print("dense vs blockwise attention, one forward+backward (median time / memory above the inputs;"
+          " slopes: fitted over all lengths (between the two longest)):")
     print(table(blockwise_rows(data)))
     print("\none decoding step at cache length n (median), KV cache vs recomputing the prefix:")
     print(table(decode_rows(data)))
