@@ -137,12 +137,16 @@ def _series(records, op, key):
     ok records of ``op`` only, by length."""
     out = {}
     for r in records:
-        if r["op"] != op or r["status"] != "ok":
+        if r["op"] != op:
             continue
         causal = r["shape"].get("causal") if op == "blockwise" else None
         s = out.setdefault((r["impl"], causal), {"impl": r["impl"], "framework": r["framework"],
-                                                 "kind": r["kind"], "causal": causal, "points": {}})
-        s["points"][r["shape"][key]] = (r["median_s"], r["memory_bytes"])
+                                                 "kind": r["kind"], "causal": causal, "points": {},
+                                                 "not_run": {}})
+        if r["status"] == "ok":
+            s["points"][r["shape"][key]] = (r["median_s"], r["memory_bytes"])
+        else:  # e.g. a dense attention past the benchmark's cap on its (L, L) scores
+            s["not_run"][r["shape"][key]] = f"{r['status']}: {r['reason']}"
     for s in out.values():
         lengths = sorted(s.pop("points").items())
         s["L"] = [n for n, _ in lengths]
@@ -219,8 +223,8 @@ def plot(plt, data, out):
                    label=f"{s['impl']} (L^{s['time_slope']:.2f})" if s["time_slope"] else s["impl"])
     for ax, key, scale in ((mem, "memory_bytes", 2**-20), (tim, "time_s", 1e3)):
         lines = [s for s in causal_first if s[key] and None not in s[key]]
-        if lines and len(lines[0]["L"]) > 1:
-            xs = lines[0]["L"]
+        xs = sorted({n for s in lines for n in s["L"]})
+        if len(xs) > 1:
             low = min(min(v for v in s[key]) for s in lines) * scale
             _guide(ax, xs, low, 1, "L")
             _guide(ax, xs, low, 2, "L²")
@@ -258,7 +262,8 @@ def plot(plt, data, out):
         ax.xaxis.set_major_formatter(plain)
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain if ax is rat else NullFormatter())
+        low, high = ax.get_ylim()
+        ax.yaxis.set_minor_formatter(plain if high < 10 * low else NullFormatter())  # under a decade
     for ax in axes.flat:
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
@@ -281,10 +286,16 @@ def _slopes(fit, end):
     return f"{fit:.2f} ({end:.2f})" if end is not None else f"{fit:.2f}"
 
 
+def _lengths(series):
+    return sorted({n for s in series for n in [*s["L"], *s["not_run"]]})
+
+
 def blockwise_rows(data):
     rows = []
     for s in data["blockwise"]:
         row = {"impl": s["impl"], "causal": s["causal"]}
+        for n in _lengths(data["blockwise"]):
+            row[f"L={n}"] = "not run" if n in s["not_run"] else ""
         for n, t, m in zip(s["L"], s["time_s"], s["memory_bytes"]):
             row[f"L={n}"] = f"{1e3 * t:.3g} ms / {_mib(m)} MiB"
         for key, label in (("time", "time ~ L^"), ("memory", "memory ~ L^")):
@@ -297,12 +308,15 @@ def decode_rows(data):
     rows = []
     for s in data["decode"]:
         row = {"impl": s["impl"]}
+        for n in _lengths(data["decode"]):
+            row[f"n={n}"] = "not run" if n in s["not_run"] else ""
         for n, t in zip(s["L"], s["time_s"]):
             row[f"n={n}"] = f"{1e3 * t:.3g} ms"
         row["time ~ n^"] = _slopes(s["time_slope"], s["time_slope_end"])
         rows.append(row)
     for r in data["decode_ratios"]:
         row = {"impl": f"{r['framework']}: recompute / cached"}
+        row.update({f"n={n}": "" for n in _lengths(data["decode"])})
         for n, x in zip(r["L"], r["recompute_over_cached"]):
             row[f"n={n}"] = f"{x:.2f}x"
         rows.append(row)
