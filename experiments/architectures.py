@@ -55,7 +55,7 @@ NAME = "architectures"
 CONFIGS = {
     "full": dict(symbols=10, embed=32, hidden=64, attention=64,  # the RNNs (as seq2seq_attention)
                  d_model=64, heads=4, d_ff=128, layers=2,  # the Transformer: 2 + 2 layers
-                 steps=600, batch=32, lr=3e-3, train_lengths=(3, 20),
+                 steps=1600, batch=32, lr=3e-3, train_lengths=(3, 20),
                  eval_lengths=(4, 8, 12, 16, 20), eval_size=200),
     "quick": dict(symbols=6, embed=8, hidden=12, attention=8,
                   d_model=16, heads=2, d_ff=24, layers=1,
