@@ -47,7 +47,8 @@ from __future__ import annotations
 import sys
 import time
 
-from experiments._common import output_dir, parser as common_parser, progress, pyplot, save_figure, table, write_json
+from experiments._common import (output_dir, parser as common_parser, progress, pyplot, save_figure,
+                                 table, write_json)
 
 NAME = "architectures"
 

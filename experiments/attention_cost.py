@@ -54,7 +54,8 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from experiments._common import output_dir, parser as common_parser, pyplot, save_figure, table, write_json
+from experiments._common import (output_dir, parser as common_parser, pyplot, save_figure, table,
+                                 write_json)
 
 NAME = "attention_cost"
 FRAMEWORKS = ("numpy", "torch", "jax")
@@ -95,8 +96,8 @@ def run_bench(argv, frameworks, report_path):
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
     with open(report_path, "w") as report:
-        rc = subprocess.run([sys.executable, "-c", code, json.dumps(argv), json.dumps(list(frameworks))],
-                            env=env, stdout=report).returncode
+        command = [sys.executable, "-c", code, json.dumps(argv), json.dumps(list(frameworks))]
+        rc = subprocess.run(command, env=env, stdout=report).returncode
     if rc:
         raise SystemExit(f"the benchmark failed (exit {rc}); see {report_path}")
     json_path = argv[argv.index("--json") + 1]
@@ -177,8 +178,9 @@ def summarize(bench):
     ratios = []
     by_impl = {s["impl"]: s for s in decode}
     for s in decode:
-        if s["impl"].endswith("[recompute]") and s["impl"].replace("[recompute]", "[cached]") in by_impl:
-            cached = by_impl[s["impl"].replace("[recompute]", "[cached]")]
+        twin = s["impl"].replace("[recompute]", "[cached]")
+        if s["impl"].endswith("[recompute]") and twin in by_impl:
+            cached = by_impl[twin]
             common = sorted(set(s["L"]) & set(cached["L"]))
             t_re, t_ca = dict(zip(s["L"], s["time_s"])), dict(zip(cached["L"], cached["time_s"]))
             ratios.append({"framework": s["framework"], "L": common,

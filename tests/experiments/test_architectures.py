@@ -75,7 +75,8 @@ def test_parameter_counts_are_the_models_own_and_match_an_independent_count(quic
         assert reported == architectures.count_parameters(models[name])
         assert reported == _numel(init[name]) == closed[name], name
     # the attention model adds exactly the attention's parameters to the same GRUs
-    assert data["models"]["bahdanau"]["parameters"] - data["models"]["seq2seq"]["parameters"] == 2 * H * A + A
+    added = data["models"]["bahdanau"]["parameters"] - data["models"]["seq2seq"]["parameters"]
+    assert added == 2 * H * A + A
 
 
 def test_table_and_figure(quick, capsys):
