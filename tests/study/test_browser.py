@@ -1,0 +1,261 @@
+"""The study site in a real headless browser (the system's Chromium, driven by Playwright).
+
+The site is built once for the module from a synthetic conformance report (so
+the badges' expected text is derived from that report, not written here), and
+every page is visited once in one browser: console and page errors, requests
+that leave ``file://``, the keyboard order (Tab: the skip link, then a nav
+link), one ``<h1>`` and a ``lang``, every ``.study-figure`` rendered as a
+non-empty SVG that changes when its first ``<select>`` changes, the badges.
+Screenshots of every page go to ``$STUDY_ARTIFACTS`` (else a pytest tmp dir),
+their paths printed. Skipped, with the reason, where Playwright or Chromium
+is missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conformance.cases import CASES_BY_NAME
+from conformance.study.screenshot import BrowserUnavailable, open_browser, screenshots, site_pages
+
+pytestmark = pytest.mark.slow
+
+# the synthetic report: every softmax case in three (backend, dtype) cells with a known mix of statuses
+FUNCTION = "softmax"
+BACKEND_CELLS = {("numpy", "float64"): "pass", ("torch", "float32"): "one-fail", ("jax", "float32"): "declared"}
+
+
+def synthetic_report() -> dict:
+    cases = sorted(n for n, c in CASES_BY_NAME.items() if c.function == FUNCTION)
+    results = []
+    for (backend, dtype), mix in BACKEND_CELLS.items():
+        for i, name in enumerate(cases):
+            status = "pass"
+            if mix == "one-fail" and i == 0:
+                status = "fail"
+            elif mix == "declared" and i < 2:
+                status = "declared"
+            results.append({"backend": backend, "dtype": dtype, "case": name,
+                            "component": name.split("/")[0], "status": status})
+    return {"passed": False, "results": results}
+
+
+def expected_counts(report: dict, function: str) -> dict:
+    """(backend, dtype) -> Counter of statuses for ``function``'s cases in ``report``."""
+    cells: dict = {}
+    for r in report["results"]:
+        if CASES_BY_NAME[r["case"]].function == function:
+            cells.setdefault((r["backend"], r["dtype"]), Counter())[r["status"]] += 1
+    return cells
+
+
+# ---------------------------------------------------------------- the site
+
+
+def _fake_site(out: Path, report: dict) -> None:
+    """A two-page stand-in with the real site's conventions, until the builder exists."""
+    pages = {"index.html": "Study", "softmax.html": "Softmax"}
+    nav = "".join(f'<li><a href="{p}">{t}</a></li>' for p, t in pages.items())
+    rows = "".join(
+        f"<tr><td>{b}</td><td>{d}</td><td class=\"badge\">"
+        + ", ".join(f"{n} {s}" for s, n in sorted(c.items())) + "</td></tr>"
+        for (b, d), c in sorted(expected_counts(report, FUNCTION).items()))
+    fig = {"id": "demo", "title": "Demo", "kind": "bars",
+           "controls": [{"name": "n", "label": "Bars", "options": [["2", "2"], ["3", "3"]], "default": "2"}],
+           "variants": {"2": {"labels": ["a", "b"], "values": [1, 2]},
+                        "3": {"labels": ["a", "b", "c"], "values": [1, 2, 3]}}}
+    js = """document.addEventListener('DOMContentLoaded', () => {
+  for (const f of document.querySelectorAll('.study-figure')) {
+    const spec = JSON.parse(f.querySelector('script.figure-data').textContent);
+    const c = spec.controls[0]; const lab = document.createElement('label');
+    lab.textContent = c.label + ' '; const sel = document.createElement('select');
+    for (const [v, t] of c.options) { const o = document.createElement('option'); o.value = v;
+      o.textContent = t; sel.appendChild(o); }
+    sel.value = c.default; lab.appendChild(sel); f.appendChild(lab);
+    const draw = () => { f.querySelector('svg')?.remove();
+      const ns = 'http://www.w3.org/2000/svg'; const svg = document.createElementNS(ns, 'svg');
+      svg.setAttribute('width', 200); svg.setAttribute('height', 100); svg.setAttribute('role', 'img');
+      spec.variants[sel.value].values.forEach((v, i) => { const r = document.createElementNS(ns, 'rect');
+        r.setAttribute('x', i * 30); r.setAttribute('y', 100 - v * 30); r.setAttribute('width', 20);
+        r.setAttribute('height', v * 30); svg.appendChild(r); });
+      f.insertBefore(svg, lab); };
+    sel.addEventListener('change', draw); draw(); } });"""
+    (out / "site.js").write_text(js)
+    for page, title in pages.items():
+        body = ""
+        if page == "softmax.html":
+            body = (f'<table class="badges"><tbody>{rows}</tbody></table>'
+                    f'<figure class="study-figure" id="fig-demo"><figcaption>Demo</figcaption>'
+                    f'<script type="application/json" class="figure-data">{json.dumps(fig)}</script></figure>')
+        (out / page).write_text(
+            f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+            f'<script src="site.js"></script></head><body><a class="skip-link" href="#main">Skip to content</a>'
+            f'<nav><ul>{nav}</ul></nav><main id="main"><h1>{title}</h1>{body}</main></body></html>')
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[dict, Path]:
+    rep = synthetic_report()
+    path = tmp_path_factory.mktemp("study-report") / "report.json"
+    path.write_text(json.dumps(rep))
+    return rep, path
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, report) -> Path:
+    out = tmp_path_factory.mktemp("study-site")
+    _fake_site(out, report[0])
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        with open_browser() as b:
+            yield b
+    except BrowserUnavailable as exc:
+        pytest.skip(f"no headless browser for the study view test: {exc}")
+
+
+# ---------------------------------------------------------------- one visit per page
+
+_FIGURES_JS = """() => [...document.querySelectorAll('.study-figure')].map(f => {
+  const svg = f.querySelector('svg'); const box = svg ? svg.getBoundingClientRect() : null;
+  return {id: f.id, svg: !!svg, elements: svg ? svg.querySelectorAll('*').length : 0,
+          width: box ? box.width : 0, height: box ? box.height : 0,
+          selects: f.querySelectorAll('select').length};
+})"""
+
+_FOCUS_JS = """() => { const e = document.activeElement; if (!e || e === document.body) return null;
+  const href = e.getAttribute('href') || '';
+  return {tag: e.tagName.toLowerCase(), href, text: (e.textContent || '').trim(),
+          cls: e.className || '', in_nav: !!e.closest('nav'),
+          target_exists: href.startsWith('#') && !!document.getElementById(decodeURIComponent(href.slice(1)))}; }"""
+
+
+def _visit(page, url: str) -> dict:
+    rec: dict = {"console": [], "errors": [], "requests": []}
+    on_console = lambda m: rec["console"].append(f"{m.type}: {m.text}") if m.type == "error" else None
+    on_error = lambda e: rec["errors"].append(str(e))
+    on_request = lambda r: rec["requests"].append(r.url) if not r.url.startswith(("file:", "data:", "blob:",
+                                                                                      "about:")) else None
+    page.on("console", on_console)
+    page.on("pageerror", on_error)
+    page.on("request", on_request)
+    try:
+        page.goto(url, wait_until="load")
+        rec["lang"] = page.evaluate("() => document.documentElement.getAttribute('lang')")
+        rec["h1"] = page.locator("h1").count()
+        page.keyboard.press("Tab")
+        rec["tab1"] = page.evaluate(_FOCUS_JS)
+        page.keyboard.press("Tab")
+        rec["tab2"] = page.evaluate(_FOCUS_JS)
+        rec["figures"] = page.evaluate(_FIGURES_JS)
+        rec["changes"] = {}
+        for fig in page.locator(".study-figure").all():
+            fid = fig.get_attribute("id")
+            select = fig.locator("select").first
+            if not fig.locator("select").count():
+                continue
+            before = fig.evaluate("f => f.querySelector('svg') ? f.querySelector('svg').outerHTML : ''")
+            current = select.input_value()
+            others = [v for v in select.locator("option").evaluate_all("os => os.map(o => o.value)") if v != current]
+            changed = None
+            for value in others:  # the first option that draws something different; None: none did
+                select.select_option(value)
+                after = fig.evaluate("f => f.querySelector('svg') ? f.querySelector('svg').outerHTML : ''")
+                if after and after != before:
+                    changed = value
+                    break
+            rec["changes"][fid] = (current, others, changed)
+        rec["badges"] = page.locator(".badge, .badges").all_inner_texts()
+    finally:
+        page.remove_listener("console", on_console)
+        page.remove_listener("pageerror", on_error)
+        page.remove_listener("request", on_request)
+    return rec
+
+
+@pytest.fixture(scope="module")
+def visits(browser, site) -> dict:
+    start = time.perf_counter()
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        page = context.new_page()
+        out = {p.relative_to(site).as_posix(): _visit(page, p.as_uri()) for p in site_pages(site)}
+    finally:
+        context.close()
+    print(f"\nvisited {len(out)} pages in {time.perf_counter() - start:.1f} s")
+    return out
+
+
+def _check(visits, fn) -> None:
+    bad = [f"{name}: {msg}" for name, rec in visits.items() for msg in fn(rec)]
+    assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def test_no_console_or_page_errors(visits):
+    _check(visits, lambda r: [f"console {m}" for m in r["console"]] + [f"page error {e}" for e in r["errors"]])
+
+
+def test_no_network(visits):
+    _check(visits, lambda r: [f"requested {u}" for u in r["requests"]])
+
+
+def test_one_h1_and_lang(visits):
+    _check(visits, lambda r: ([] if r["h1"] == 1 else [f"{r['h1']} <h1> elements"])
+           + ([] if r["lang"] else ["no lang attribute on <html>"]))
+
+
+def test_tab_focuses_skip_link_then_nav(visits):
+    def problems(r):
+        t1, t2 = r["tab1"], r["tab2"]
+        out = []
+        if not t1 or t1["tag"] != "a" or not t1["href"].startswith("#") or "skip" not in (
+                t1["cls"] + " " + t1["text"]).lower():
+            out.append(f"first Tab focused {t1}, not a skip link")
+        elif not t1["target_exists"]:
+            out.append(f"the skip link's target {t1['href']} does not exist")
+        if not t2 or t2["tag"] != "a" or not t2["in_nav"]:
+            out.append(f"second Tab focused {t2}, not a link in <nav>")
+        return out
+    _check(visits, problems)
+
+
+def test_figures_render_nonempty_svg(visits):
+    assert any(r["figures"] for r in visits.values()), "no .study-figure on any page"
+    _check(visits, lambda r: [f"figure {f['id']}: {f}" for f in r["figures"]
+                              if not (f["svg"] and f["elements"] > 0 and f["width"] > 0 and f["height"] > 0)])
+
+
+def test_first_control_changes_figure(visits):
+    assert any(r["changes"] for r in visits.values()), "no figure with a <select> on any page"
+    _check(visits, lambda r: [f"figure {fid}: no other option of its first <select> ({cur!r} -> {others}) "
+                              f"changed its SVG" for fid, (cur, others, changed) in r["changes"].items()
+                              if others and changed is None])
+
+
+def test_badges_match_report(visits, report):
+    want = expected_counts(report[0], FUNCTION)
+    text = "\n".join(visits["softmax.html"]["badges"])
+    assert text, "no badge on the softmax page"
+    for (backend, dtype), counts in want.items():
+        for status, n in counts.items():
+            assert f"{n} {status}" in text, (backend, dtype, status, n, text)
+
+
+def test_screenshots(browser, site, tmp_path_factory):
+    out = Path(os.environ.get("STUDY_ARTIFACTS") or tmp_path_factory.mktemp("study-screenshots"))
+    paths = screenshots(site, out, browser=browser)
+    assert len(paths) == len(site_pages(site))
+    for p in paths:
+        assert p.stat().st_size > 1000 and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", p
+        print(f"screenshot: {p}")
