@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 # the synthetic report: every softmax case in three (backend, dtype) cells with a known mix of statuses
 FUNCTION = "softmax"
-BACKEND_CELLS = {("numpy", "float64"): "pass", ("torch", "float32"): "one-fail", ("jax", "float32"): "declared"}
+BACKEND_CELLS = {("numpy", "float64"): "pass", ("torch", "float32"): "one-fail", ("jax", "float32"): "differs"}
 
 
 def synthetic_report() -> dict:
@@ -38,8 +38,8 @@ def synthetic_report() -> dict:
             status = "pass"
             if mix == "one-fail" and i == 0:
                 status = "fail"
-            elif mix == "declared" and i < 2:
-                status = "declared"
+            elif mix == "differs" and i < 2:
+                status = "differs"
             results.append({"backend": backend, "dtype": dtype, "case": name,
                             "component": name.split("/")[0], "status": status})
     return {"passed": False, "results": results}
