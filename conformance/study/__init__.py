@@ -14,8 +14,8 @@ __all__ = ["build", "main"]
 
 
 def build(out="study-site", reports=(), live=True, **kw):
-    """Build the site into ``out``; returns the path of its index.html (see :func:`.build.build`)."""
-    from .build import build as _build
+    """Build the site into ``out``; returns the path of its index.html (see :func:`.builder.build`)."""
+    from .builder import build as _build
 
     return _build(out, reports, live, **kw)
 
