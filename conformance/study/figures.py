@@ -273,7 +273,7 @@ def _positional():
                   for p in (0, 20)]
         return {"x": offsets, "series": series, "xlabel": "offset k", "ylabel": "dot product",
                 "note": f"The dot product depends on the offset only (the two curves coincide); "
-                        f"it is d_model/2 = {int(d) // 2} at k = 0 and falls off with distance."}
+                        f"it is largest, d_model/2 = {int(d) // 2}, at k = 0."}
 
     return [
         _spec("positional-table", "The sinusoidal table",

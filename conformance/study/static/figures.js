@@ -88,11 +88,13 @@
     }
     if (!isNum(vmin)) { vmin = 0; vmax = 1; }
     var span = vmax - vmin || 1;
-    var left = 90, top = 16, right = 100, gw = W - left - right;
-    var cell = Math.max(2, Math.min(48, Math.floor(gw / Math.max(1, nc))));
-    var gh = cell * Math.max(1, nr);
-    if (gh > 520) { cell = Math.max(2, Math.floor(520 / Math.max(1, nr))); gh = cell * nr; }
-    var cw = cell, width = cw * Math.max(1, nc);
+    var longest = 0;
+    arr(data.legend).forEach(function (name) { longest = Math.max(longest, String(name).length); });
+    var left = 90, top = 16, right = Math.max(80, 40 + 7 * longest), gw = W - left - right;
+    var cw = Math.max(1, Math.min(48, gw / Math.max(1, nc)));
+    var cell = Math.max(1, Math.min(cw, 520 / Math.max(1, nr)));
+    if (cw > 3 * cell) cw = 3 * cell;  /* keep the cells from turning into long stripes */
+    var gh = cell * Math.max(1, nr), width = cw * Math.max(1, nc);
     var svg = newSvg(spec, top + gh + 50);
     var g = el("g", { "class": "cells" });
     for (var i = 0; i < nr; i++) {
@@ -103,7 +105,7 @@
         r.appendChild(el("title", null, (rows[i] !== undefined ? rows[i] : i) + ", " +
           (cols[j] !== undefined ? cols[j] : j) + ": " + fmt(v)));
         g.appendChild(r);
-        if ((data.cell_text || (nr <= 12 && nc <= 12)) && cell >= 28) {
+        if ((data.cell_text || (nr <= 12 && nc <= 12)) && cell >= 24 && cw >= 24) {
           g.appendChild(el("text", {
             x: left + j * cw + cw / 2, y: top + i * cell + cell / 2 + 4, "text-anchor": "middle",
             "class": "cell-text", fill: textColour(t)
