@@ -223,3 +223,83 @@ def test_figure_html_and_static_files(specs):
     for kind in KINDS:
         assert kind in js
     assert "DOMContentLoaded" in js and "<label" not in js and 'html("label"' in js
+
+
+# --------------------------------------------------------------------------
+# figures.js in a real browser: the real specs render, and odd specs never throw
+
+_BAD_SPECS = [
+    '{"id": "bad-kind", "title": "t", "kind": "pie", "controls": [], "variants": {"": {}}}',
+    '{"id": "no-variant", "title": "t", "kind": "heatmap", "controls": '
+    '[{"name": "a", "label": "A", "options": [["x", "x"], ["y", "y"]], "default": "x"}], "variants": {}}',
+    '{"id": "empty", "title": "t", "kind": "heatmap", "controls": [], "variants": {"": {}}}',
+    '{"id": "holes", "title": "t", "kind": "lines", "controls": [], '
+    '"variants": {"": {"x": [0, 1, 2], "series": [{"name": "s", "y": [1, null, 3]}, null]}}}',
+    '{"id": "nan-bars", "title": "t", "kind": "bars", "controls": [], '
+    '"variants": {"": {"labels": ["a", "b"], "values": [null, null]}}}',
+    'not json at all',
+    '',
+]
+
+
+def _harness(tmp_path, specs):
+    import shutil
+
+    for name in ("figures.js", "figures.css"):
+        shutil.copy(STATIC / name, tmp_path / name)
+    figures = "".join(F.figure_html(s) for s in specs)
+    figures += "".join(f'<figure class="study-figure" id="fig-bad{i}"><script type="application/json" '
+                       f'class="figure-data">{text}</script></figure>' for i, text in enumerate(_BAD_SPECS))
+    page = tmp_path / "figures.html"
+    page.write_text('<!doctype html><html lang="en"><head><meta charset="utf-8"><title>figures</title>'
+                    '<link rel="stylesheet" href="figures.css"></head><body><main>'
+                    f'{figures}</main><script src="figures.js"></script></body></html>', encoding="utf-8")
+    return page
+
+
+@pytest.mark.slow
+def test_figures_js_renders_in_chromium(specs, tmp_path):
+    chromium = Path("/usr/bin/chromium")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    if not chromium.exists():
+        pytest.skip("no browser: /usr/bin/chromium is missing")
+    real = [s for page in ("masks", "positional", "softmax", "mha", "blockwise", "sharded", "peers")
+            for s in specs[page]]
+    page_file = _harness(tmp_path, real)
+    errors = []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(chromium), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(page_file.as_uri())
+            page.wait_for_load_state("load")
+            for spec in real:
+                fig = page.query_selector(f"#fig-{spec['id']}")
+                out = fig.query_selector(".figure-out")
+                shown = out.query_selector("table" if spec["kind"] == "table" else "svg")
+                assert shown is not None, spec["id"]
+                assert shown.evaluate("e => e.querySelectorAll('*').length") > 0, spec["id"]
+                box = shown.bounding_box()
+                assert box and box["width"] > 0 and box["height"] > 0, spec["id"]
+                if spec["kind"] != "table":
+                    assert shown.get_attribute("role") == "img" and shown.get_attribute("aria-label") == spec["title"]
+                selects = fig.query_selector_all("select")
+                assert len(selects) == len(spec["controls"]), spec["id"]
+                for sel in selects:  # every control is labelled
+                    assert fig.query_selector(f'label[for="{sel.get_attribute("id")}"]'), spec["id"]
+                if selects:  # a control changes the figure
+                    before = out.inner_html()
+                    values = selects[0].evaluate("e => Array.from(e.options).map(o => o.value)")
+                    current = selects[0].evaluate("e => e.value")
+                    selects[0].select_option(next(v for v in values if v != current))
+                    assert out.inner_html() != before, spec["id"]
+            for i in range(len(_BAD_SPECS)):  # odd data draws what it can; the rest shows a message
+                shown = ".figure-message" if i in (0, 1, 5, 6) else "svg"
+                assert page.query_selector(f"#fig-bad{i} {shown}"), i
+        finally:
+            browser.close()
+    assert errors == []
