@@ -7,16 +7,20 @@ dicts) that ``static/figures.js`` renders in the browser without any library::
      "controls": [{"name": ..., "label": ..., "options": [[value, text], ...], "default": value}, ...],
      "variants": {"<option values joined by '|' in controls order>": {<data for the kind>}}}
 
-Data per kind: heatmap ``{"rows", "cols", "values", "vmin", "vmax"}``; lines
-``{"x", "series": [{"name", "y"}], "xlabel", "ylabel"}``; bars ``{"labels",
-"values"}`` (a ``None`` value is drawn as "NaN"); table ``{"columns", "rows"}``;
-image ``{"src", "alt"}``. Any variant may carry a ``"note"``, a sentence shown
-under the figure. A figure without controls has the one variant ``""``.
+Data per kind: heatmap ``{"rows", "cols", "values", "vmin", "vmax"}`` (optional
+``"legend"``: names of the levels vmin..vmax); lines ``{"x", "series": [{"name",
+"y"}], "xlabel", "ylabel"}``; bars ``{"labels", "values"}`` (a ``None`` value is
+drawn as "NaN"); table ``{"columns", "rows"}`` (optional ``"summary"``, bars
+data drawn above the table, so that every figure has an SVG); image ``{"src",
+"alt"}``. Any variant may carry a ``"note"``, a sentence shown under the
+figure. A figure without controls has the one variant ``""``.
 
-Every number is computed here from numpy_ref (masks, attention weights, the
-sinusoidal table, the softmax, the block and ring schedules); nothing is
-drawn from a hand-written table except the peers' declared differences,
-which are read from their ``Difference`` declarations.
+Every number is computed here by numpy_ref (masks, attention weights, the
+sinusoidal table, the softmax, the block and ring schedules); the peers'
+table is read from their ``Difference`` declarations (no framework is
+imported); the experiment figures are the committed PNGs of
+``docs/experiments/``, with the captions below (or the alt text that
+``docs/*.md`` gives them).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import importlib
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -455,11 +460,15 @@ def peer_differences():
 
 def _peers():
     rows = [list(r) for r in peer_differences()]
+    peers = list(dict.fromkeys(r[0] for r in rows))
+    summary = {"title": "Declared differences per peer", "labels": peers,
+               "values": [sum(r[0] == p for r in rows) for p in peers],
+               "xlabel": "peer", "ylabel": "declared differences"}
     return [_spec("peers-differences", "The peers' declared differences from the spec",
                   "Each peer (a framework's own attention built-in) declares where it deviates, as "
                   "conformance.protocol.Difference data; the runner checks every declaration occurs.",
                   "table", [], {"": {"columns": ["peer", "built-in", "difference", "dtypes", "summary"],
-                                     "rows": rows}})]
+                                     "rows": rows, "summary": summary}})]
 
 
 # --------------------------------------------------------------------------
@@ -470,11 +479,22 @@ def _docs_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "docs"
 
 
+def _markdown_alts(docs: Path) -> dict:
+    """``{png name: alt text}`` from the images of ``docs/*.md``."""
+    found = {}
+    for md in sorted(docs.glob("*.md")) if docs.is_dir() else ():
+        for alt, path in re.findall(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)", md.read_text(encoding="utf-8")):
+            found.setdefault(Path(path).name, alt)
+    return found
+
+
 def _experiments(docs_dir=None):
-    folder = Path(docs_dir or _docs_dir()) / "experiments"
+    docs = Path(docs_dir or _docs_dir())
+    folder = docs / "experiments"
+    alts = _markdown_alts(docs)
     specs = []
     for png in sorted(folder.glob("*.png")) if folder.is_dir() else ():
-        caption = EXPERIMENT_CAPTIONS.get(png.name, png.stem.replace("_", " "))
+        caption = EXPERIMENT_CAPTIONS.get(png.name) or alts.get(png.name) or png.stem.replace("_", " ")
         specs.append(_spec(f"experiment-{png.stem.replace('_', '-')}", png.stem.replace("_", " "), caption,
                            "image", [], {"": {"src": f"experiments/{png.name}", "alt": caption}}))
     return specs

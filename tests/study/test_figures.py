@@ -203,6 +203,9 @@ def test_peers_table_is_the_declarations(specs):
             row = rows[(klass.name, d.name)]
             assert row[1] == klass.builtin and row[4] == d.summary
             assert row[3] == (", ".join(d.dtypes) if d.dtypes else "all")
+    summary = data["summary"]  # the bars above the table: declarations per peer
+    assert sum(summary["values"]) == len(data["rows"])
+    assert summary["values"][summary["labels"].index("jax-dpa")] == len(JaxDpaPeer.differences)
 
 
 def test_experiment_images(specs, tmp_path):
@@ -280,13 +283,17 @@ def test_figures_js_renders_in_chromium(specs, tmp_path):
             for spec in real:
                 fig = page.query_selector(f"#fig-{spec['id']}")
                 out = fig.query_selector(".figure-out")
-                shown = out.query_selector("table" if spec["kind"] == "table" else "svg")
+                shown = out.query_selector("svg")  # every figure has its picture, tables too
                 assert shown is not None, spec["id"]
                 assert shown.evaluate("e => e.querySelectorAll('*').length") > 0, spec["id"]
                 box = shown.bounding_box()
                 assert box and box["width"] > 0 and box["height"] > 0, spec["id"]
-                if spec["kind"] != "table":
-                    assert shown.get_attribute("role") == "img" and shown.get_attribute("aria-label") == spec["title"]
+                assert shown.get_attribute("role") == "img" and shown.get_attribute("aria-label"), spec["id"]
+                if spec["kind"] == "table":
+                    rows = out.query_selector_all("table tbody tr")
+                    assert len(rows) == len(spec["variants"][""]["rows"]), spec["id"]
+                else:
+                    assert shown.get_attribute("aria-label") == spec["title"], spec["id"]
                 selects = fig.query_selector_all("select")
                 assert len(selects) == len(spec["controls"]), spec["id"]
                 for sel in selects:  # every control is labelled

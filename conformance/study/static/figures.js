@@ -216,7 +216,11 @@
     var lo = isNum(data.vmin) ? data.vmin : 0, hi = isNum(data.vmax) ? data.vmax : 0;
     values.forEach(function (v) { if (isNum(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); } });
     var yr = niceRange(lo, hi);
-    var svg = newSvg(spec, y0 + h + 56);
+    var longest = 0;
+    labels.forEach(function (l) { longest = Math.max(longest, String(l).length); });
+    /* labels wider than their slot are turned, and the picture grows to hold them */
+    var turn = longest * 6.5 > (w / Math.max(1, n)) - 4, extra = turn ? Math.min(120, longest * 4.6) : 0;
+    var svg = newSvg(spec, y0 + h + 56 + extra);
     frame(svg, x0, y0, w, h, null, yr);
     var slot = w / Math.max(1, n), bw = Math.max(2, slot * 0.6);
     var zero = y0 + h - (0 - yr[0]) / (yr[1] - yr[0]) * h;
@@ -231,14 +235,37 @@
       }
       svg.appendChild(el("text", { x: cx, y: (isNum(v) ? Math.min(y0 + h - (v - yr[0]) / (yr[1] - yr[0]) * h, zero) : zero) - 6,
                                    "text-anchor": "middle", "class": isNum(v) ? "bar-value" : "bar-value nan" }, fmt(v)));
-      svg.appendChild(el("text", { x: cx, y: y0 + h + 16, "text-anchor": "middle", "class": "tick" },
+      var ly = y0 + h + 16;
+      svg.appendChild(el("text", turn ? { x: cx, y: ly, "text-anchor": "end", "class": "tick",
+                                          transform: "rotate(-35 " + cx + " " + ly + ")" }
+                                      : { x: cx, y: ly, "text-anchor": "middle", "class": "tick" },
         labels[i] !== undefined ? labels[i] : i));
     }
-    axisLabels(svg, spec, data, x0, y0, w, h + 8);
+    axisLabels(svg, spec, data, x0, y0, w, h + 8 + extra);
     return svg;
   }
 
+  /* a table comes with a bar chart of its rows per value of its first column (or of data.summary),
+   * so that every figure has its picture; the table itself stays a real, accessible table */
+  function tableSummary(spec, data) {
+    var summary = data.summary && typeof data.summary === "object" ? data.summary : null;
+    if (!summary) {
+      var counts = {}, order = [];
+      arr(data.rows).forEach(function (row) {
+        var k = String(arr(row)[0]);
+        if (!Object.prototype.hasOwnProperty.call(counts, k)) { counts[k] = 0; order.push(k); }
+        counts[k] += 1;
+      });
+      summary = { labels: order, values: order.map(function (k) { return counts[k]; }),
+                  ylabel: "rows", xlabel: arr(data.columns)[0] };
+    }
+    var title = summary.title || (spec.title || "table") + ": rows per " + (arr(data.columns)[0] || "group");
+    return bars({ title: title, caption: spec.caption }, summary);
+  }
+
   function table(spec, data) {
+    var box = html("div", { "class": "figure-table-box" });
+    if (arr(data.rows).length) box.appendChild(tableSummary(spec, data));
     var t = html("table", { "class": "figure-table" });
     t.appendChild(html("caption", null, spec.title || spec.id || "table"));
     var head = html("thead"), tr = html("tr");
@@ -254,7 +281,8 @@
     t.appendChild(body);
     var wrap = html("div", { "class": "figure-table-wrap", tabindex: "0", role: "region", "aria-label": spec.title || "table" });
     wrap.appendChild(t);
-    return wrap;
+    box.appendChild(wrap);
+    return box;
   }
 
   function image(spec, data) {
