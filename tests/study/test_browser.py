@@ -120,10 +120,24 @@ _FIGURES_JS = """() => [...document.querySelectorAll('.study-figure')].map(f => 
           selects: f.querySelectorAll('select').length};
 })"""
 
+_A11Y_JS = """() => ({
+  unlabelled: [...document.querySelectorAll('select, input, textarea')]
+    .filter(c => !(c.labels && c.labels.length) && !c.getAttribute('aria-label') && !c.getAttribute('aria-labelledby'))
+    .map(c => c.outerHTML.slice(0, 80)),
+  no_alt: [...document.querySelectorAll('img')].filter(i => !i.hasAttribute('alt')).map(i => i.getAttribute('src')),
+})"""
+
+# lazy images load only when scrolled to: made eager here, then each decoded (or found broken)
+_BROKEN_IMAGES_JS = """async () => { const imgs = [...document.images]; imgs.forEach(i => { i.loading = 'eager'; });
+  await Promise.all(imgs.map(i => i.decode().catch(() => null)));
+  return imgs.filter(i => !(i.naturalWidth > 0)).map(i => i.getAttribute('src')); }"""
+
 _FOCUS_JS = """() => { const e = document.activeElement; if (!e || e === document.body) return null;
-  const href = e.getAttribute('href') || '';
+  const href = e.getAttribute('href') || ''; const box = e.getBoundingClientRect();
   return {tag: e.tagName.toLowerCase(), href, text: (e.textContent || '').trim(),
           cls: e.className || '', in_nav: !!e.closest('nav'),
+          on_screen: box.width > 0 && box.height > 0 && box.bottom > 0 && box.right > 0
+                     && box.top < innerHeight && box.left < innerWidth,
           target_exists: href.startsWith('#') && !!document.getElementById(decodeURIComponent(href.slice(1)))}; }"""
 
 
@@ -146,6 +160,8 @@ def _visit(page, url: str) -> dict:
         page.goto(url, wait_until="load")
         rec["lang"] = page.evaluate("() => document.documentElement.getAttribute('lang')")
         rec["h1"] = page.locator("h1").count()
+        rec["a11y"] = page.evaluate(_A11Y_JS)
+        rec["a11y"]["broken"] = page.evaluate(_BROKEN_IMAGES_JS)
         page.keyboard.press("Tab")
         rec["tab1"] = page.evaluate(_FOCUS_JS)
         page.keyboard.press("Tab")
@@ -210,6 +226,12 @@ def test_one_h1_and_lang(visits):
            + ([] if r["lang"] else ["no lang attribute on <html>"]))
 
 
+def test_controls_labelled_images_alt_and_loaded(visits):
+    _check(visits, lambda r: [f"control without a label: {c}" for c in r["a11y"]["unlabelled"]]
+           + [f"<img> without alt: {src}" for src in r["a11y"]["no_alt"]]
+           + [f"<img> not loaded: {src}" for src in r["a11y"]["broken"]])
+
+
 def test_tab_focuses_skip_link_then_nav(visits):
     def problems(r):
         t1, t2 = r["tab1"], r["tab2"]
@@ -219,6 +241,8 @@ def test_tab_focuses_skip_link_then_nav(visits):
             out.append(f"first Tab focused {t1}, not a skip link")
         elif not t1["target_exists"]:
             out.append(f"the skip link's target {t1['href']} does not exist")
+        elif not t1["on_screen"]:
+            out.append("the focused skip link is not visible in the viewport")
         if not t2 or t2["tag"] != "a" or not t2["in_nav"]:
             out.append(f"second Tab focused {t2}, not a link in <nav>")
         return out
