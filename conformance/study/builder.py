@@ -32,13 +32,19 @@ PAGES = (("index.html", "Overview"),) + tuple((f"{b.slug}.html", b.title) for b 
 esc = html.escape
 
 
+_FIGURES: dict = {}  # page -> specs, for the build under way (emptied at its start)
+
+
 def _figures_for(page: str) -> list:
     """The figures helper's specs for ``page`` ([] when its module is not installed)."""
-    try:
-        from .figures import figures_for
-    except ImportError:
-        return []
-    return list(figures_for(page))
+    if page not in _FIGURES:
+        try:
+            from .figures import figures_for
+        except ImportError:
+            _FIGURES[page] = []
+        else:
+            _FIGURES[page] = list(figures_for(page))
+    return _FIGURES[page]
 
 
 def _figure_html(spec: dict) -> str:
@@ -213,12 +219,7 @@ def _index_body(status: Status) -> str:
 <p class="intro">One page per building block of Transformer attention: the formula, the numpy reference
 function and its hand-written backward next to the torch and JAX mirrors (their source, highlighted),
 the shape of every intermediate tensor on the tutorial example, and whether the mirrors agree with the
-reference per dtype. Everything here was computed by numpy_ref when the site was built.</p>
-<section aria-labelledby="blocks"><h2 id="blocks">The blocks</h2>
-<ul class="blocks">
-{blocks}
-<li><a href="experiments.html">Experiments</a>: the figures of the experiments and benchmarks.</li>
-</ul></section>
+reference per dtype. The shapes and the figures were computed by numpy_ref when the site was built.</p>
 <section aria-labelledby="summary"><h2 id="summary">Conformance summary</h2>
 <p>{esc(status.source)} A cell sums every dtype and the error cases of the block's functions.</p>
 <div class="table-wrap"><table class="badges summary" data-page="index"><caption>Status per block and backend</caption>
@@ -226,6 +227,11 @@ reference per dtype. Everything here was computed by numpy_ref when the site was
 <tbody>
 {chr(10).join(rows)}
 </tbody></table></div></section>
+<section aria-labelledby="blocks"><h2 id="blocks">The blocks</h2>
+<ul class="blocks">
+{blocks}
+<li><a href="experiments.html">Experiments</a>: the figures of the experiments and benchmarks.</li>
+</ul></section>
 {_figures_html("peers")}"""
 
 
@@ -316,6 +322,7 @@ def build(out="study-site", reports=(), live=True, *, log=print) -> Path:
     else:
         rows, source = [], "No conformance run (--no-live, no --report): every backend is \"not run\"."
     status = Status(rows, source)
+    _FIGURES.clear()
 
     if (out / "static").exists():
         shutil.rmtree(out / "static")
