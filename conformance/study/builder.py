@@ -111,14 +111,16 @@ def _code_html(package: str, module: str, name: str, key: str) -> str:
     if helpers:
         out.append(f'<details><summary>{len(helpers)} private helper(s) it calls: '
                    f'{esc(", ".join(h[0] for h in helpers))}</summary>')
-        out += [_pre(f"{package}/{module}.py", h, s, ln, f"{key}-{h}") for h, s, ln in helpers]
+        out += [_pre(f"{package}/{module}.py", h, s, ln, f"{key}-{h}", caller=fname) for h, s, ln in helpers]
         out.append("</details>")
     return "\n".join(out)
 
 
-def _pre(path: str, name: str, source: str, line: int, key: str) -> str:
+def _pre(path: str, name: str, source: str, line: int, key: str, caller: str | None = None) -> str:
+    # focusable, so that a keyboard can scroll it; a named region, so that focus says what it is
+    label = f"source of {name} in {path}" + (f", called by {caller}" if caller else "")
     return (f'<p class="where"><code>{esc(name)}</code> · <code>{esc(path)}</code>, line {line}</p>\n'
-            f'<pre class="source" tabindex="0" aria-label="source of {esc(name)} in {esc(path)}" '
+            f'<pre class="source" tabindex="0" role="region" aria-label="{esc(label)}" '
             f'id="src-{esc(key)}"><code class="language-python">{highlight(source)}</code></pre>')
 
 
