@@ -71,7 +71,7 @@ def _page(filename: str, title: str, body: str, assets: dict, built: str) -> str
 <body>
 <a class="skip-link" href="#main">Skip to content</a>
 <header class="site-header">
-<p class="site-title"><a href="index.html">attention-spec study</a></p>
+<p class="site-title">attention-spec study</p>
 <nav aria-label="Pages">
 <ul>
 {nav}
@@ -193,7 +193,7 @@ def _figures_html(page: str) -> str:
 def _block_body(block, status: Status) -> str:
     return "\n".join(p for p in (
         f"<h1>{esc(block.title)}</h1>\n<p class=\"intro\">{esc(block.intro)}</p>",
-        f'<p class="toc">On this page: <a href="#formula">formula</a> · '
+        '<p class="toc">On this page: <a href="#formula">formula</a> · '
         + ('<a href="#figures">figures</a> · ' if _figures_for(block.slug) else "")
         + '<a href="#source">source</a> · <a href="#shapes">shapes</a> · <a href="#conformance">conformance</a></p>',
         _formula_html(block.slug), _figures_html(block.slug), _sources_html(block), _shapes_html(block.slug),
