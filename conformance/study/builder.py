@@ -32,13 +32,19 @@ PAGES = (("index.html", "Overview"),) + tuple((f"{b.slug}.html", b.title) for b 
 esc = html.escape
 
 
+_FIGURES: dict = {}  # page -> specs, for the build under way (emptied at its start)
+
+
 def _figures_for(page: str) -> list:
     """The figures helper's specs for ``page`` ([] when its module is not installed)."""
-    try:
-        from .figures import figures_for
-    except ImportError:
-        return []
-    return list(figures_for(page))
+    if page not in _FIGURES:
+        try:
+            from .figures import figures_for
+        except ImportError:
+            _FIGURES[page] = []
+        else:
+            _FIGURES[page] = list(figures_for(page))
+    return _FIGURES[page]
 
 
 def _figure_html(spec: dict) -> str:
@@ -65,7 +71,7 @@ def _page(filename: str, title: str, body: str, assets: dict, built: str) -> str
 <body>
 <a class="skip-link" href="#main">Skip to content</a>
 <header class="site-header">
-<p class="site-title"><a href="index.html">attention-spec study</a></p>
+<p class="site-title">attention-spec study</p>
 <nav aria-label="Pages">
 <ul>
 {nav}
@@ -105,14 +111,16 @@ def _code_html(package: str, module: str, name: str, key: str) -> str:
     if helpers:
         out.append(f'<details><summary>{len(helpers)} private helper(s) it calls: '
                    f'{esc(", ".join(h[0] for h in helpers))}</summary>')
-        out += [_pre(f"{package}/{module}.py", h, s, ln, f"{key}-{h}") for h, s, ln in helpers]
+        out += [_pre(f"{package}/{module}.py", h, s, ln, f"{key}-{h}", caller=fname) for h, s, ln in helpers]
         out.append("</details>")
     return "\n".join(out)
 
 
-def _pre(path: str, name: str, source: str, line: int, key: str) -> str:
+def _pre(path: str, name: str, source: str, line: int, key: str, caller: str | None = None) -> str:
+    # focusable, so that a keyboard can scroll it; a named region, so that focus says what it is
+    label = f"source of {name} in {path}" + (f", called by {caller}" if caller else "")
     return (f'<p class="where"><code>{esc(name)}</code> · <code>{esc(path)}</code>, line {line}</p>\n'
-            f'<pre class="source" tabindex="0" aria-label="source of {esc(name)} in {esc(path)}" '
+            f'<pre class="source" tabindex="0" role="region" aria-label="{esc(label)}" '
             f'id="src-{esc(key)}"><code class="language-python">{highlight(source)}</code></pre>')
 
 
@@ -185,7 +193,7 @@ def _figures_html(page: str) -> str:
 def _block_body(block, status: Status) -> str:
     return "\n".join(p for p in (
         f"<h1>{esc(block.title)}</h1>\n<p class=\"intro\">{esc(block.intro)}</p>",
-        f'<p class="toc">On this page: <a href="#formula">formula</a> · '
+        '<p class="toc">On this page: <a href="#formula">formula</a> · '
         + ('<a href="#figures">figures</a> · ' if _figures_for(block.slug) else "")
         + '<a href="#source">source</a> · <a href="#shapes">shapes</a> · <a href="#conformance">conformance</a></p>',
         _formula_html(block.slug), _figures_html(block.slug), _sources_html(block), _shapes_html(block.slug),
@@ -213,12 +221,7 @@ def _index_body(status: Status) -> str:
 <p class="intro">One page per building block of Transformer attention: the formula, the numpy reference
 function and its hand-written backward next to the torch and JAX mirrors (their source, highlighted),
 the shape of every intermediate tensor on the tutorial example, and whether the mirrors agree with the
-reference per dtype. Everything here was computed by numpy_ref when the site was built.</p>
-<section aria-labelledby="blocks"><h2 id="blocks">The blocks</h2>
-<ul class="blocks">
-{blocks}
-<li><a href="experiments.html">Experiments</a>: the figures of the experiments and benchmarks.</li>
-</ul></section>
+reference per dtype. The shapes and the figures were computed by numpy_ref when the site was built.</p>
 <section aria-labelledby="summary"><h2 id="summary">Conformance summary</h2>
 <p>{esc(status.source)} A cell sums every dtype and the error cases of the block's functions.</p>
 <div class="table-wrap"><table class="badges summary" data-page="index"><caption>Status per block and backend</caption>
@@ -226,6 +229,11 @@ reference per dtype. Everything here was computed by numpy_ref when the site was
 <tbody>
 {chr(10).join(rows)}
 </tbody></table></div></section>
+<section aria-labelledby="blocks"><h2 id="blocks">The blocks</h2>
+<ul class="blocks">
+{blocks}
+<li><a href="experiments.html">Experiments</a>: the figures of the experiments and benchmarks.</li>
+</ul></section>
 {_figures_html("peers")}"""
 
 
@@ -316,6 +324,7 @@ def build(out="study-site", reports=(), live=True, *, log=print) -> Path:
     else:
         rows, source = [], "No conformance run (--no-live, no --report): every backend is \"not run\"."
     status = Status(rows, source)
+    _FIGURES.clear()
 
     if (out / "static").exists():
         shutil.rmtree(out / "static")

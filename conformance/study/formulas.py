@@ -22,8 +22,10 @@ def o(x):  # operator
     return f"<mo>{x}</mo>"
 
 
-def t(x):  # text
-    return f"<mtext>{x}</mtext>"
+def t(x):  # text; MathML trims the spaces at its ends, so they become no-break spaces
+    stripped = x.strip(" ")
+    lead, trail = len(x) - len(x.lstrip(" ")), len(x) - len(x.rstrip(" "))
+    return f"<mtext>{'&#xA0;' * lead}{stripped}{'&#xA0;' * trail}</mtext>"
 
 
 def row(*xs):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from pathlib import Path
 
 from ..cases import CASES_BY_NAME
 
