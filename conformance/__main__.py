@@ -10,6 +10,7 @@ Usage::
     python -m conformance bench ...             # conformance.bench:main
     python -m conformance fuzz --backend torch [--n N] [--seed S] [--dtype D]   # random configurations
     python -m conformance peers [--markdown]    # the frameworks' built-ins (torch-sdpa, torch-mha, ...)
+    python -m conformance study [--out DIR] [--serve] [--report JSON ...]   # the static study site
 
 Exit status: 0 when every case passed and every backend certified something;
 1 on any failure (a case, a corrupt fixture, a backend asked for by
@@ -233,6 +234,10 @@ def main(argv=None) -> int:
         return _generate(argv[1:])
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
+    if argv[:1] == ["study"]:
+        from .study import main as study
+
+        return study(argv[1:])
     if argv[:1] == ["fuzz"]:
         from .fuzz import main as fuzz
 
