@@ -142,7 +142,7 @@ def test_formula_pages_have_mathml(live_site):
     out, _, _ = live_site
     for block in BLOCKS:
         text = (out / f"{block.slug}.html").read_text(encoding="utf-8")
-        assert '<math display="block"' in text and "<mfrac>" in text or "<msub>" in text, block.slug
+        assert '<math display="block"' in text and ("<mfrac>" in text or "<msub>" in text), block.slug
         assert text.count("<math") == text.count("</math>") > 0
 
 
