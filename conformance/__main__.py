@@ -10,6 +10,7 @@ Usage::
     python -m conformance bench ...             # conformance.bench:main
     python -m conformance fuzz --backend torch [--n N] [--seed S] [--dtype D]   # random configurations
     python -m conformance peers [--markdown]    # the frameworks' built-ins (torch-sdpa, torch-mha, ...)
+    python -m conformance study [--out DIR] [--serve] [--report JSON ...]   # the static study site
 
 Exit status: 0 when every case passed and every backend certified something;
 1 on any failure (a case, a corrupt fixture, a backend asked for by
@@ -233,6 +234,10 @@ def main(argv=None) -> int:
         return _generate(argv[1:])
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
+    if argv[:1] == ["study"]:
+        from .study import main as study
+
+        return study(argv[1:])
     if argv[:1] == ["fuzz"]:
         from .fuzz import main as fuzz
 
@@ -263,10 +268,12 @@ def _certify(args, peers: bool = False, markdown_to=None) -> int:
             return 2
     explicit = bool(args.backend)
     fast_compile = []
-    if not getattr(args, "xla_default", True) and "jax" not in sys.modules:
-        from .xla import use_fast_compile
+    if "jax" not in sys.modules:  # before any adapter starts JAX; see conformance/xla.py
+        from .xla import use_fast_compile, use_host_devices
 
-        fast_compile = use_fast_compile()  # before any adapter starts JAX; see conformance/xla.py
+        use_host_devices()  # the sharded cases need a mesh: 8 simulated CPU devices
+        if not getattr(args, "xla_default", True):
+            fast_compile = use_fast_compile()
     backends, info, problems = _load_backends(args.backend or list(PEERS if peers else BUILTINS), explicit)
     if fast_compile and any("jax" in getattr(b, "requires", ()) for b in backends):
         print("note: JAX programs compiled for compile speed (conformance.xla; --xla-default for XLA's defaults)")

@@ -57,6 +57,9 @@ MODULES = {
     "additive_attention": "attention",
     "multi_head_attention": "attention",
     "blockwise_attention": "blockwise",
+    "merge_attention": "sharded",
+    "ring_attention": "sharded",
+    "sharded_attention": "sharded",
     "rotary_embedding": "variants",
     "alibi_slopes": "variants",
     "alibi_bias": "variants",
@@ -91,7 +94,7 @@ NOT_DIFFERENTIABLE = frozenset({"seq2seq_greedy", "attention_seq2seq_greedy", "g
 #: report order of the components (the first part of a case name)
 COMPONENTS = (
     "masks", "positional", "softmax", "sdpa", "additive", "mha", "blockwise",
-    "gqa", "softcap", "alibi", "rope", "linear",
+    "gqa", "softcap", "alibi", "rope", "sharded", "linear",
     "layer_norm", "feed_forward", "dropout", "encoder_layer", "encoder",
     "rnn", "gru", "seq2seq", "decoder_layer", "decoder", "cross_entropy", "transformer",
 )
@@ -1343,6 +1346,7 @@ def _fuzzed(spec: str, name: str | None = None, note: str = ""):
 from . import cases_decoder  # noqa: E402,F401
 from . import cases_blockwise  # noqa: E402,F401
 from . import cases_variants  # noqa: E402,F401  (GQA/MQA, RoPE, ALiBi, softcap: issue 15)
+from . import cases_sharded  # noqa: E402,F401  (the merge, the ring, head/batch sharding: issue 16)
 
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "duplicate case names"

@@ -11,11 +11,26 @@ from .protocol import Call, flatten, map_arrays, output_names
 
 __all__ = [
     "VARARGS", "split_args", "cast_floats", "with_dtype", "name_outputs",
-    "numpy_forward", "numpy_backward",
+    "numpy_forward", "numpy_backward", "devices_needed",
 ]
 
 #: functions taking ``*name``: their arguments come as a list under ``kwargs[name]``
 VARARGS = {"combine_masks": "masks"}
+
+
+def devices_needed(call: Call) -> int:
+    """The devices a sharded case runs on (docs/SPEC.md 3.24): ``ring_attention``'s
+    ``num_shards``, ``sharded_attention``'s ``batch_shards * head_shards``; 1 otherwise
+    (and for a bad count, which the function itself must refuse)."""
+    kw = call.kwargs
+    counts = {"ring_attention": ("num_shards",), "sharded_attention": ("batch_shards", "head_shards")}
+    need = 1
+    for name in counts.get(call.function, ()):
+        value = kw.get(name, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return 1
+        need *= value
+    return need
 
 
 def split_args(function: str, kwargs: dict) -> tuple[list, dict]:

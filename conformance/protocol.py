@@ -57,6 +57,8 @@ OUTPUTS = {
     "additive_attention": ("out", "weights"),
     "multi_head_attention": ("out", "weights"),
     "blockwise_attention": ("out", "lse"),
+    "merge_attention": ("out", "lse"),
+    "ring_attention": ("out", "lse"),
     "rnn": ("out", "h_n"),
     "gru": ("out", "h_n"),
     "attention_seq2seq": ("out", "weights"),
@@ -67,7 +69,8 @@ OUTPUTS = {
 #: outputs that stay float32 when the inputs are float16/bfloat16, as
 #: FlashAttention's: a log-sum-exp rounded to 8 bits would move every
 #: ``exp(s - lse)`` the backward rebuilds from it by up to 1%
-FLOAT32_OUTPUTS = frozenset({("blockwise_attention", "lse")})
+FLOAT32_OUTPUTS = frozenset({("blockwise_attention", "lse"), ("merge_attention", "lse"),
+                             ("ring_attention", "lse")})
 
 
 def output_names(function: str) -> tuple[str, ...]:

@@ -18,4 +18,4 @@ from .cache import *  # noqa: F401,F403
 from .seq2seq import *  # noqa: F401,F403
 from .transformer import *  # noqa: F401,F403
 
-SPEC_VERSION = "1.4"
+SPEC_VERSION = "1.5"

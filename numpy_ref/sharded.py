@@ -143,7 +143,7 @@ def merge_attention(outs, lses):
     return out.astype(outs.dtype, copy=False), lse.astype(_lse_dtype(outs), copy=False)
 
 
-def merge_attention_backward(d_out, outs, lses, out=None, lse=None):
+def merge_attention_backward(d_out, outs, lses):
     """Gradient of :func:`merge_attention`.
 
     With ``w_i = exp(lse_i - lse)``: ``∂out/∂out_i = w_i``,
@@ -157,14 +157,13 @@ def merge_attention_backward(d_out, outs, lses, out=None, lse=None):
 
     Args:
       d_out: cotangent of ``out``, or a pair ``(d_out, d_lse)``; either may be None.
-      outs, lses: as for the forward.
-      out, lse: unused (the merge is recomputed; accepted for symmetry).
+      outs, lses: as for the forward (the merge is recomputed: it is cheap).
 
     Returns:
       ``{"outs", "lses"}`` in their own shapes and dtypes.
     """
     rules.merge_attention(outs, lses)  # SPEC 3.24
-    d_out, d_lse = d_out if isinstance(d_out, tuple) else (d_out, None)
+    d_out, d_lse = rules.merge_cotangents(d_out, outs, lses)  # (*batch, Lq, Dv), (*batch, Lq), either None
     o_i, l_i = _upcast(outs), _upcast(lses)
     merged, _, w = _merge(o_i, l_i)  # (*batch, Lq, Dv), (S, *batch, Lq)
     d_out = np.zeros_like(merged) if d_out is None else _upcast(d_out)

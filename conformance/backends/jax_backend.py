@@ -40,7 +40,7 @@ import functools
 
 import numpy as np
 
-from ..invoke import VARARGS, name_outputs, split_args, with_dtype
+from ..invoke import VARARGS, devices_needed, name_outputs, split_args, with_dtype
 from ..protocol import Backend, Call, Result, flatten, output_names
 
 __all__ = ["JaxBackend"]
@@ -80,6 +80,19 @@ class JaxBackend(Backend):
             platform, _, index = device.partition(":")
             platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
             self.device = jax.devices(platform)[int(index or 0)]
+
+    def supports(self, call: Call) -> bool:
+        """Every case, except a sharded one that needs more devices of this backend's
+        platform than exist (``python -m conformance`` asks XLA for 8 CPU devices,
+        ``conformance.xla.use_host_devices``; a JAX started before gets what it has)."""
+        need = devices_needed(call)
+        if need == 1:
+            return True
+        import jax
+
+        if not hasattr(self, "device"):
+            self.setup()
+        return need <= len(jax.devices(self.device.platform))
 
     def teardown(self) -> None:
         """Put ``jax_enable_x64`` back as ``setup`` found it; drop kept results."""

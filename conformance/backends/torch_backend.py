@@ -38,6 +38,7 @@ class TorchBackend(Backend):
     def __init__(self):
         self.device = "cpu"
         self._saved_precision = None
+        self._pools = {}  # world size -> TorchDistPool, for the ring cases
 
     def setup(self, device: str | None = None) -> None:
         import torch
@@ -47,18 +48,34 @@ class TorchBackend(Backend):
         torch.set_float32_matmul_precision("highest")
 
     def teardown(self) -> None:
-        """Restore the float32 matmul precision that ``setup`` replaced."""
+        """Restore the float32 matmul precision that ``setup`` replaced; stop the ring's ranks."""
         import torch
 
         if self._saved_precision is not None:
             torch.set_float32_matmul_precision(self._saved_precision)
             self._saved_precision = None
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+    def supports(self, call: Call) -> bool:
+        """Every case; a ring case where ``torch.distributed`` exists and its
+        ``num_shards`` is a world size (torch_impl's ring has no ``num_shards``:
+        its world is the process group's, so a bad count is not expressible)."""
+        if call.function != "ring_attention":
+            return True
+        import torch.distributed as dist
+
+        n = call.kwargs.get("num_shards")
+        return dist.is_available() and isinstance(n, int) and not isinstance(n, bool) and n >= 1
 
     def run(self, call: Call, dtype: str | None) -> Result:
         import torch
 
         import torch_impl
 
+        if call.function == "ring_attention":
+            return self._ring(call, dtype)
         kwargs = self._to_torch(call.kwargs, dtype)
         leaves = [get_path(kwargs, name) for name in call.wrt]
         for leaf in leaves:
@@ -79,6 +96,32 @@ class TorchBackend(Backend):
             name: _to_numpy(torch.zeros_like(leaf) if g is None else g)
             for name, leaf, g in zip(call.wrt, leaves, grads)
         })
+
+    def _ring(self, call: Call, dtype: str | None) -> Result:
+        """A ring case on a ``torch.distributed`` group of ``num_shards`` ranks
+        (gloo; NCCL, one GPU per rank, when this adapter runs on CUDA): each rank
+        gets its shards of q, k, v and of the cotangents and the global mask, runs
+        ``torch_impl.ring_attention`` and its autograd backward, and the ranks'
+        results are put back in sequence order. The group is started once per
+        world size and kept until ``teardown``."""
+        from numpy_ref import unshard_sequence
+
+        from .torch_dist import TorchDistPool
+
+        kwargs = dict(call.kwargs)
+        world = kwargs.pop("num_shards")
+        cuda = str(self.device).startswith("cuda")
+        if world not in self._pools:
+            self._pools[world] = TorchDistPool(world, backend="nccl" if cuda else "gloo")
+        ranks = self._pools[world].run(_ring_job, (kwargs, dtype, call.wrt, call.cotangents, cuda))
+        layout = kwargs["layout"]
+
+        def whole(parts, axis=-2):
+            return unshard_sequence([np.asarray(p, dtype=np.float64) for p in parts], layout=layout, axis=axis)
+
+        outputs = {"out": whole([r[0] for r in ranks]), "lse": whole([r[1] for r in ranks], axis=-1)}
+        grads = {name: whole([r[2][name] for r in ranks]) for name in call.wrt}
+        return Result(outputs, grads)
 
     def _to_torch(self, kwargs: dict, dtype: str | None) -> dict:
         """numpy leaves -> tensors on the device; float leaves cast to ``dtype``."""
@@ -123,3 +166,46 @@ def _to_numpy(t):
     """A tensor -> numpy; floats as float64 (numpy has no bfloat16)."""
     t = t.detach().cpu()
     return (t.double() if t.dtype.is_floating_point else t).numpy()
+
+
+def _ring_job(kwargs, dtype, wrt, cotangents, cuda):
+    """One rank's part of a ring case (run by ``conformance.backends.torch_dist``'s ranks):
+    ``(out, lse, grads)`` of this rank's shards, as float64 numpy.
+
+    A length the shards do not divide is cut unevenly (``numpy.array_split``), as a
+    user's own bad split would be: torch_impl must refuse it on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    import numpy_ref
+    import torch_impl
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = f"cuda:{rank}" if cuda else "cpu"
+    layout = kwargs["layout"]
+    target = None if dtype is None else getattr(torch, dtype)
+
+    def local(x, axis=-2):
+        try:
+            part = numpy_ref.shard_sequence(x, world, layout=layout, axis=axis)[rank]
+        except (TypeError, ValueError):  # not divisible, or no known layout: an uneven split
+            part = np.array_split(x, world, axis=axis)[rank]
+        t = torch.from_numpy(np.ascontiguousarray(part)).to(device)
+        return t.to(target) if target is not None and t.dtype.is_floating_point else t
+
+    q, k, v = (local(kwargs[name]) for name in ("q", "k", "v"))
+    mask = kwargs.get("mask")
+    mask = None if mask is None else torch.from_numpy(np.asarray(mask)).to(device)
+    leaves = {"q": q, "k": k, "v": v}
+    for name in wrt:
+        leaves[name].requires_grad_(True)
+    extra = {key: kwargs[key] for key in ("causal", "align", "layout") if key in kwargs}
+    out, lse = torch_impl.ring_attention(q, k, v, mask, kwargs.get("scale"), **extra)
+    grads = {}
+    if wrt:
+        loss = (out * local(cotangents["out"]).to(out.dtype)).sum()
+        loss = loss + (lse * local(cotangents["lse"][..., None])[..., 0].to(lse.dtype)).sum()
+        values = torch.autograd.grad(loss, [leaves[name] for name in wrt], allow_unused=True)
+        grads = {name: _to_numpy(torch.zeros_like(leaves[name]) if g is None else g)
+                 for name, g in zip(wrt, values)}
+    return _to_numpy(out), _to_numpy(lse), grads

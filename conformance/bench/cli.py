@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _sharded_preset(argv) -> bool:
+    """``--preset sharded`` / ``--preset=sharded-quick``: the sharded benchmark's presets."""
+    values = [b for a, b in zip(argv, argv[1:]) if a == "--preset"]
+    values += [a.split("=", 1)[1] for a in argv if a.startswith("--preset=")]
+    return any(v.startswith("sharded") for v in values)
+
+
 def _lengths_arg(text):
     try:
         return parse_lengths(text)
@@ -128,6 +135,10 @@ def _shape_arg(text):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if _sharded_preset(argv):  # the ring's benchmark has options of its own: conformance/bench/sharded.py
+        from . import sharded
+
+        return sharded.main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     # JAX would otherwise take 75% of the GPU before torch allocates anything

@@ -161,30 +161,36 @@ class Rules(ArrayRules):
         self.choice(layout, "layout", _ring.LAYOUTS)
         return _ring.chunks_per_shard(layout)
 
-    def _divides(self, x, name, letters, axis, N, per_shard) -> None:
+    def _divides(self, x, name, letters, axis, N, per_shard, how=None) -> None:
         """ValueError unless ``x.shape[axis]`` splits into ``N`` shards of ``per_shard`` equal chunks."""
         n, m = int(x.shape[axis]), N * per_shard
         if n % m:
             letter = letters[axis]
-            how = (f"num_shards={N}" if per_shard == 1
-                   else f"num_shards={N} shards of 2 chunks each, zigzag layout")
+            how = how or (f"num_shards={N}" if per_shard == 1
+                          else f"num_shards={N} shards of 2 chunks each, zigzag layout")
             raise ValueError(f"{name}: expected shape {_spec_str(letters)} with {letter} divisible by {m} "
                              f"({how}), got {shape_str(x.shape)}")
 
     def shard_positions(self, L, num_shards, layout):
         """``shard_positions``: a length, a positive shard count, a layout; ``L``
         divisible by the chunks. Returns ``(L, num_shards, layout)``."""
-        L, N = self.count(L, "L"), self.count(num_shards, "num_shards", 1)
+        L, N = self._shard_length(L, "L", num_shards, layout)
+        return L, N, layout
+
+    def _shard_length(self, L, name, num_shards, layout) -> tuple:
+        """A length ``name`` that ``num_shards`` shards of the layout divide; ``(L, N)``."""
+        L, N = self.count(L, name), self.count(num_shards, "num_shards", 1)
         m = N * self.layout(layout)
         if L % m:
-            raise ValueError(f"L: expected a length divisible by {m} (num_shards={N}, layout {layout!r}), got {L}")
-        return L, N, layout
+            raise ValueError(f"{name}: expected a length divisible by {m} (num_shards={N}, layout {layout!r}), "
+                             f"got {L}")
+        return L, N
 
     def ring_schedule(self, Lq, Lk, num_shards, causal, align, layout):
         """``ring_schedule``: two lengths each divisible into the shards, a causal
         flag, an alignment, a layout. Returns them as Python values."""
-        self.shard_positions(Lq, num_shards, layout)
-        self.shard_positions(Lk, num_shards, layout)
+        self._shard_length(Lq, "Lq", num_shards, layout)
+        self._shard_length(Lk, "Lk", num_shards, layout)
         self.flag(causal, "causal")
         self.choice(align, "align", ALIGNS)
         return int(Lq), int(Lk), int(num_shards), causal, align, layout
@@ -195,14 +201,7 @@ class Rules(ArrayRules):
         alignment, a layout, ``num_shards >= 1`` dividing ``Lq`` and ``Lk``
         (twice over for zigzag). Returns the group size ``G``."""
         G = self.sdpa(q, k, v, mask, None, scale, 0.0, None)
-        self.flag(causal, "causal")
-        self.choice(align, "align", ALIGNS)
-        per_shard = self.layout(layout)
-        N = self.count(num_shards, "num_shards", 1)
-        q_letters = (*("B", "H")[: q.ndim - 2], "Lq", "Dk")
-        k_letters = (*self._kv_heads(q, k)[0], "Lk", "Dk")
-        self._divides(q, "q", q_letters, -2, N, per_shard)
-        self._divides(k, "k", k_letters, -2, N, per_shard)
+        self._ring_lengths(q, k, causal, align, layout, num_shards, local=False)
         return G
 
     def ring_shard(self, q, k, v, mask, scale, causal, align, layout, num_shards) -> int:
@@ -211,17 +210,23 @@ class Rules(ArrayRules):
         (even for zigzag), ``mask`` broadcastable to the *global*
         ``(*batch, Lq, Lk)``. Returns the group size ``G``."""
         G = self.sdpa(q, k, v, None, None, scale, 0.0, None)
+        N, batch = self._ring_lengths(q, k, causal, align, layout, num_shards, local=True)
+        target = (*q.shape[:-2], int(q.shape[-2]) * N, int(k.shape[-2]) * N)
+        self._mask(mask, "mask", q, "q", target, (*batch, "Lq", "Lk"))
+        return G
+
+    def _ring_lengths(self, q, k, causal, align, layout, num_shards, local) -> tuple:
+        """The ring's flags, and q's and k's sequence lengths split into the shards
+        (``local``: one rank's shard, whole chunks only). Returns ``(N, q's batch letters)``."""
         self.flag(causal, "causal")
         self.choice(align, "align", ALIGNS)
         per_shard = self.layout(layout)
         N = self.count(num_shards, "num_shards", 1)
-        q_letters = (*("B", "H")[: q.ndim - 2], "Lq", "Dk")
-        k_letters = (*self._kv_heads(q, k)[0], "Lk", "Dk")
-        self._divides(q, "q", q_letters, -2, 1, per_shard)
-        self._divides(k, "k", k_letters, -2, 1, per_shard)
-        target = (*q.shape[:-2], int(q.shape[-2]) * N, int(k.shape[-2]) * N)
-        self._mask(mask, "mask", q, "q", target, (*q_letters[:-2], "Lq", "Lk"))
-        return G
+        batch = ("B", "H")[: q.ndim - 2]
+        how = "this rank's shard of a zigzag layout holds 2 equal chunks" if local else None
+        for x, name, letters in ((q, "q", (*batch, "Lq", "Dk")), (k, "k", (*self._kv_heads(q, k)[0], "Lk", "Dk"))):
+            self._divides(x, name, letters, -2, 1 if local else N, per_shard, how)
+        return N, batch
 
     def same_on_every_rank(self, name, mine, theirs) -> None:
         """ValueError unless every rank reported the same ``(dtype, shape)`` for ``name``."""
@@ -247,6 +252,21 @@ class Rules(ArrayRules):
             raise TypeError(f"lses: expected dtype {_dtype_str(outs)}{also} (the dtype of outs), "
                             f"got {_dtype_str(lses)}")
         self.same_device(lses, "lses", outs, "outs")
+
+    def merge_cotangents(self, d_out, outs, lses):
+        """``merge_attention_backward``'s ``d_out``: an array ``(*batch, Lq, Dv)`` or a
+        pair ``(d_out, d_lse)`` with ``d_lse (*batch, Lq)``, either None; outs' and
+        lses' dtypes. Returns ``(d_out, d_lse)``."""
+        d_out, d_lse = _pair(d_out, "(d_out, d_lse)")
+        self.arrays({}, {"d_out": d_out, "d_lse": d_lse})
+        for x, name, like, like_name in ((d_out, "d_out", outs, "outs"), (d_lse, "d_lse", lses, "lses")):
+            if x is None:
+                continue
+            self.float_(x, name)
+            self.exact_shape(x, name, tuple(like.shape[1:]), f" ({like_name}' shape without S)")
+            self.same_float_dtype({like_name: like, name: x})
+            self.same_device(x, name, outs, "outs")
+        return d_out, d_lse
 
     def shard_sequence(self, x, num_shards, layout, axis) -> int:
         """``shard_sequence``: an array, a positive shard count, a layout, an axis in

@@ -76,6 +76,17 @@ def _calls(rng):
             "mask": _pad([0, 7]), "bias": _n(rng, H, LQ, LK), "scale": 0.3, "block_q": 2, "block_k": 3,
             "causal": True, "window": (2, None), "align": "bottom_right", "softcap": 2.0,
             "alibi_slopes": np.array([0.5, 0.25, 0.125])}),
+        "shard_positions": ((), {"L": 8, "num_shards": 2, "layout": "zigzag"}),
+        "ring_schedule": ((), {"Lq": 4, "Lk": 8, "num_shards": 2, "causal": True, "align": "bottom_right"}),
+        "shard_sequence": ((_n(rng, B, 8, DV), 2), {"layout": "zigzag", "axis": 1}),
+        "unshard_sequence": (([_n(rng, B, 4, DV), _n(rng, B, 4, DV)],), {"layout": "zigzag", "axis": 1}),
+        "merge_attention": ((_n(rng, 3, B, H, LQ, DV), _n(rng, 3, B, H, LQ)), {}),
+        "ring_attention": ((), {  # grouped heads, zigzag, a key padding mask over 2 devices
+            "q": _n(rng, B, H, 4, DH), "k": _n(rng, B, 1, 8, DH), "v": _n(rng, B, 1, 8, DV),
+            "mask": _pad([5, 8], 8), "scale": 0.3, "causal": True, "align": "bottom_right",
+            "layout": "zigzag", "num_shards": 2}),
+        "sharded_attention": ((), {"q": _n(rng, B, H, LQ, DH), "k": _n(rng, B, H, LK, DH),
+                                   "v": _n(rng, B, H, LK, DV), "mask": _pad([3, 7]), "batch_shards": 2}),
         "block_schedule": ((), {"Lq": LQ, "Lk": LK, "block_q": 2, "block_k": 3, "causal": True,
                                 "window": (2, None), "align": "bottom_right"}),
         "init_multi_head_attention": ((key,), {"d_model": D, "num_heads": H, "num_kv_heads": 1}),
@@ -196,8 +207,8 @@ def _seq2seq_calls(rng, key):
     }
 
 
-MODULES = ("masks", "positional", "attention", "variants", "blockwise", "layers", "encoder", "seq2seq",
-           "decoder", "cache", "transformer")
+MODULES = ("masks", "positional", "attention", "variants", "blockwise", "sharded", "layers", "encoder",
+           "seq2seq", "decoder", "cache", "transformer")
 PUBLIC = sorted(
     [name for m in MODULES for name in importlib.import_module(f"jax_impl.{m}").__all__]
     + list(interop.__all__)
@@ -212,7 +223,7 @@ def test_every_public_function_has_a_jit_call_and_static_arguments():
 
 #: functions of static arguments only that return plain Python (a block schedule), not arrays:
 #: nothing to trace, and ``jax.jit`` cannot return them
-PYTHON_ONLY = ("block_schedule",)
+PYTHON_ONLY = ("block_schedule", "shard_positions", "ring_schedule")
 
 
 @pytest.mark.parametrize("name", [name for name in PUBLIC if name not in PYTHON_ONLY])

@@ -1,0 +1,136 @@
+"""Sharded attention in the catalog (issue 16, docs/SPEC.md 3.24): the merge of
+partial ``(out, lse)`` pairs, ring (sequence-parallel) attention, and
+head/batch sharding.
+
+Imported at the end of ``conformance.cases`` (it appends to ``CASES`` with the
+same helpers), under one component, ``sharded``: ``sharded/merge/...``,
+``sharded/ring/<N>/<layout>/...``, ``sharded/heads/...``. The fixtures are
+numpy_ref's simulated ring in float64, which equals blockwise (and dense)
+attention to 1e-12 (``tests/numpy_ref/test_sharded.py``): a sharded kernel
+that passes them computes attention, whatever its devices.
+
+A ring case carries ``num_shards``: an adapter runs it on that many devices
+(JAX: a mesh of host devices; torch: a gloo process group of that many
+ranks, each rank given its shards and the global mask, the results put back
+in sequence order) or says it cannot. Dimensions: B=2, H=4 query heads (over
+Hkv=2 in the grouped cases), Lq=Lk=8 (4 and 8, 8 and 4 for the
+bottom-right cases), Dk=4, Dv=6; 2 and 4 shards; the padding masks end
+inside a shard (batch 0 keeps 5 of 8 keys, batch 1 loses key 0), so every
+merge meets partial shards, empty shards and, with ``fully-masked``, rows
+with no key at all (``out = 0``, ``lse = -inf``, gradient 0).
+
+The merge cases feed arbitrary partial results (normals, some ``lse_i =
+-inf`` for an empty part, one row empty in every part): what a kernel's
+combine step (FlashAttention's split-KV "combine", vLLM's
+``merge_attn_states``, xFormers' ``merge_attentions``) must compute.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from .cases import _attn_mask, _case, _err, _normal, _pad
+
+B, H, HKV, L, DK, DV = 2, 4, 2, 8, 4, 6
+_RING, _MERGE, _HEADS = "ring_attention", "merge_attention", "sharded_attention"
+
+
+def _ring(r, N, layout="contiguous", mask="none", causal=False, align="top_left", Lq=L, Lk=L,
+          kv_heads=H, rank=4, scale=None):
+    batch, kv_batch = ((B, H), (B, kv_heads)) if rank == 4 else ((B,), (B,))
+    kw = {"q": _normal(r, *batch, Lq, DK), "k": _normal(r, *kv_batch, Lk, DK), "v": _normal(r, *kv_batch, Lk, DV)}
+    m = _attn_mask(r, mask, B, H, Lq, Lk)
+    if rank == 3 and m is not None and m.ndim == 4:
+        m = m[:, 0]
+    return {**kw, "mask": m, "scale": scale, "causal": causal, "align": align, "layout": layout,
+            "num_shards": N}
+
+
+def _merge(r, S=3, empty=False):
+    outs, lses = _normal(r, S, B, H, L, DV), _normal(r, S, B, H, L, scale=2.0)
+    if empty:
+        lses[1, 0] = -np.inf  # part 1 holds no key of batch 0
+        outs[1, 0] = 0.0
+        lses[:, 1, 2, 3] = -np.inf  # this row has no key in any part: out 0, lse -inf
+        outs[:, 1, 2, 3] = 0.0
+    return {"outs": outs, "lses": lses}
+
+
+def _heads(r, batch_shards=1, head_shards=1, kv_heads=H, mask="padding", rank=4):
+    kw = _ring(r, N=1, mask=mask, kv_heads=kv_heads, rank=rank, Lq=5, Lk=7)
+    return {"q": kw["q"], "k": kw["k"], "v": kw["v"], "mask": kw["mask"], "scale": None,
+            "batch_shards": batch_shards, "head_shards": head_shards}
+
+
+# --------------------------------------------------------------------------
+# the merge
+
+_case("sharded/merge/three-parts", _MERGE, _merge,
+      note="lse = log sum exp(lse_i), out = sum exp(lse_i - lse) out_i")
+_case("sharded/merge/empty-parts", _MERGE, partial(_merge, empty=True),
+      note="an lse_i of -inf weighs 0; a row empty in every part gives out 0, lse -inf, gradient 0")
+_case("sharded/merge/one-part", _MERGE, partial(_merge, S=1), note="one part is itself")
+
+# --------------------------------------------------------------------------
+# the ring
+
+_case("sharded/ring/2/contiguous/none", _RING, partial(_ring, N=2), note="every step computed")
+_case("sharded/ring/4/contiguous/padding+causal", _RING, partial(_ring, N=4, mask="padding", causal=True),
+      note="device r sees key shards 0..r; padding ends inside a shard")
+_case("sharded/ring/4/zigzag/padding+causal", _RING, partial(_ring, N=4, layout="zigzag", mask="padding",
+                                                              causal=True),
+      note="shard r holds chunks r and 2N-1-r (of one position each): positions decide causality, "
+           "not shard indices; padding crossing the chunks")
+_case("sharded/ring/4/zigzag/fully-masked", _RING, partial(_ring, N=4, layout="zigzag", mask="fully-masked",
+                                                           causal=True),
+      note="rows with no key in any shard: out 0, lse -inf, gradient 0")
+_case("sharded/ring/2/zigzag/gqa+causal", _RING, partial(_ring, N=2, layout="zigzag", causal=True, kv_heads=HKV,
+                                                         mask="padding"),
+      note="k/v shards travel with Hkv heads; query head h reads kv head h // 2")
+_case("sharded/ring/2/contiguous/bottom-right/wide", _RING,
+      partial(_ring, N=2, causal=True, align="bottom_right", Lq=4, Lk=8, mask="per-head"),
+      note="query i at position i + Lk - Lq (a cache's prefix); a mask per batch and head (B, H, 1, Lk)")
+_case("sharded/ring/4/contiguous/bottom-right/tall", _RING,
+      partial(_ring, N=4, causal=True, align="bottom_right", Lq=8, Lk=4),
+      note="Lq > Lk: the first 4 rows see no key (0, not NaN)")
+_case("sharded/ring/2/rank3/scale", _RING, partial(_ring, N=2, rank=3, mask="padding", scale=0.3),
+      note="no head axis; an explicit scale")
+_case("sharded/ring/1/causal", _RING, partial(_ring, N=1, causal=True, mask="padding"),
+      note="one shard: the single-device function")
+
+# --------------------------------------------------------------------------
+# head/batch sharding
+
+_case("sharded/heads/batch2", _HEADS, partial(_heads, batch_shards=2), note="the batch cut in two")
+_case("sharded/heads/heads2+batch2/gqa", _HEADS, partial(_heads, batch_shards=2, head_shards=2, kv_heads=HKV,
+                                                         mask="per-head"),
+      note="each shard holds whole query groups: 2 of 4 query heads over 1 of 2 kv heads")
+_case("sharded/heads/rank3/batch2", _HEADS, partial(_heads, batch_shards=2, rank=3), note="no head axis")
+
+# --------------------------------------------------------------------------
+# bad input
+
+
+def _with(build, **change):
+    def bad(r):
+        return {**build(r), **change}
+    return bad
+
+
+_err("sharded/ring-lq-not-divisible", _RING, "ValueError", "q",
+     lambda r: {**_ring(r, N=4), "q": _normal(r, B, H, 6, DK)})
+_err("sharded/ring-lk-not-divisible-zigzag", _RING, "ValueError", "k",
+     lambda r: {**_ring(r, N=2, layout="zigzag"), "k": _normal(r, B, H, 6, DK), "v": _normal(r, B, H, 6, DV)})
+_err("sharded/ring-layout-unknown", _RING, "ValueError", "layout", _with(partial(_ring, N=2), layout="striped"))
+_err("sharded/ring-num-shards-zero", _RING, "ValueError", "num_shards", _with(partial(_ring, N=2), num_shards=0))
+_err("sharded/ring-causal-not-bool", _RING, "TypeError", "causal", _with(partial(_ring, N=2), causal=1))
+_err("sharded/ring-float-mask", _RING, "TypeError", "mask",
+     lambda r: {**_ring(r, N=2), "mask": _pad([3, 8], L).astype(np.float64)})
+_err("sharded/merge-lses-shape", _MERGE, "ValueError", "lses",
+     lambda r: {**_merge(r), "lses": _normal(r, 3, B, H, L - 1)})
+_err("sharded/merge-no-parts", _MERGE, "ValueError", "outs",
+     lambda r: {"outs": np.zeros((0, B, L, DV)), "lses": np.zeros((0, B, L))})
+_err("sharded/heads-not-dividing", _HEADS, "ValueError", "head_shards",
+     partial(_heads, head_shards=2, kv_heads=1))
+_err("sharded/batch-not-dividing", _HEADS, "ValueError", "batch_shards", partial(_heads, batch_shards=3))

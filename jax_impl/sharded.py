@@ -1,0 +1,507 @@
+"""Sharded attention on a JAX device mesh: the merge of partial results, the
+ring (``shard_map`` + ``ppermute``), and head/batch sharding (``NamedSharding``).
+The mirror of ``numpy_ref/sharded.py`` (the specification: the algorithm, the
+names, the docstrings; docs/SPEC.md 3.24); gradients come from ``jax.vjp``,
+so there is no ``*_backward`` function.
+
+Shape legend: ``B`` batch, ``H`` heads (``Hkv`` key/value heads), ``Lq``/``Lk``
+query/key lengths, ``Dk``/``Dv`` widths, ``N`` the shards (devices of the
+ring), ``nq = Lq / N``, ``nk = Lk / N`` one shard's lengths, ``S`` stacked
+partial results; ``*bb`` a mask's batch axes (each 1 or the full size).
+
+Placement and schedule are plain Python/numpy, the same object in the three
+packages (``numpy_ref._contract.ring``), computed at trace time from the
+shapes: a ring compiles once per shape and configuration, whatever the data.
+
+Pure and ``jit``-compatible. Static under ``jax.jit``: every argument that is
+not an array (``scale``, ``causal``, ``align``, ``layout``, ``num_shards``,
+``mesh``, ``axis_name``, ``batch_shards``, ``head_shards``, ``batch_axis``,
+``head_axis``). Runs unchanged on CPU (``XLA_FLAGS=
+--xla_force_host_platform_device_count=8`` simulates 8 devices), GPUs and TPUs.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from numpy_ref._contract import blocks as _blocks
+from numpy_ref._contract import ring as _ring
+
+from ._checks import rules
+from .attention import _repeat_kv, _scale, scaled_dot_product_attention
+from .blockwise import _attend_blocks
+from .layers import _HALF, _upcast
+
+__all__ = [
+    "shard_positions", "ring_schedule", "shard_sequence", "unshard_sequence",
+    "merge_attention", "ring_attention", "sharded_attention",
+]
+
+#: the largest block of scores one ring step computes at a time (as blockwise_attention's default)
+_STEP_BLOCK = 128
+
+
+# --------------------------------------------------------------------------
+# placement
+
+
+def shard_positions(L, num_shards, *, layout="contiguous"):
+    """The sequence positions each of ``num_shards`` shards holds.
+
+    ``"contiguous"``: shard ``r`` holds ``[r n, (r + 1) n)``, ``n = L / N``.
+    ``"zigzag"``: the sequence is cut into ``2N`` chunks and shard ``r``
+    holds chunks ``r`` and ``2N - 1 - r``, so that under a causal mask every
+    shard has the same work.
+
+    Args:
+      L: the sequence length, divisible by ``num_shards`` (``2 num_shards`` for zigzag).
+      num_shards: a positive int.
+      layout: ``"contiguous"`` or ``"zigzag"``.
+
+    Returns:
+      an int64 numpy array ``(num_shards, L // num_shards)``, ascending in each
+      row (host data, the same as numpy_ref's).
+    """
+    L, N, layout = rules.shard_positions(L, num_shards, layout)  # SPEC 3.24
+    return _ring.shard_positions(L, N, layout)
+
+
+def ring_schedule(Lq, Lk, num_shards, *, causal=False, align="top_left", layout="contiguous"):
+    """Which steps of the ring each device computes, and its work.
+
+    Returns:
+      a ``RingSchedule`` (the same object as numpy_ref's): ``q_positions``,
+      ``k_positions`` ``(N, L / N)``, ``visible[r, s]`` (the visible pairs of
+      device ``r`` at step ``s``), ``computed``, ``kv_shard(r, s)``,
+      ``work()`` (blocks and pairs per device, and the imbalance max/mean),
+      ``sends()``.
+    """
+    return _ring.ring_schedule(*rules.ring_schedule(Lq, Lk, num_shards, causal, align, layout))
+
+
+def shard_sequence(x, num_shards, *, layout="contiguous", axis=-2):
+    """``x`` cut along ``axis`` into the shards of :func:`shard_positions`: a list of
+    ``num_shards`` arrays, shard ``r`` holding ``x.take(shard_positions(...)[r], axis)``
+    (by slices, no gather)."""
+    axis = rules.shard_sequence(x, num_shards, layout, axis)  # SPEC 3.24
+    positions = _ring.shard_positions(x.shape[axis], num_shards, layout)
+    return [_take(x, p, axis) for p in positions]
+
+
+def unshard_sequence(shards, *, layout="contiguous", axis=-2):
+    """The inverse of :func:`shard_sequence`: the shards put back in sequence order."""
+    axis = rules.unshard_sequence(shards, layout, axis)  # SPEC 3.24
+    N, n = len(shards), shards[0].shape[axis]
+    return _take(jnp.concatenate(shards, axis=axis), _unorder(N * n, N, layout), axis)
+
+
+def _take(x, positions, axis):
+    """``jnp.take(x, positions, axis)`` for static ``positions``, as slices of
+    its contiguous runs (a zigzag shard is two), concatenated: no gather."""
+    positions = np.asarray(positions)
+    if positions.size == 0:
+        return lax.slice_in_dim(x, 0, 0, axis=axis)
+    cuts = np.flatnonzero(np.diff(positions) != 1) + 1
+    runs = np.split(positions, cuts)
+    if len(runs) == 1 and runs[0][0] == 0 and runs[0].size == x.shape[axis]:
+        return x
+    pieces = [lax.slice_in_dim(x, int(run[0]), int(run[-1]) + 1, axis=axis) for run in runs]
+    return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=axis)
+
+
+def _order(L, N, layout):
+    """The sequence positions in shard order: shard 0's, then shard 1's, ..."""
+    return _ring.shard_positions(L, N, layout).reshape(-1)
+
+
+def _unorder(L, N, layout):
+    """The inverse permutation of :func:`_order`: shard order back to sequence order."""
+    return np.argsort(_order(L, N, layout), kind="stable")
+
+
+# --------------------------------------------------------------------------
+# the merge
+
+
+def merge_attention(outs, lses):
+    """Merge partial attention results over disjoint key sets.
+
+    ``lse = log Σ_i exp(lse_i)``, ``out = Σ_i exp(lse_i - lse) out_i``; parts
+    with ``lse_i = -inf`` weigh 0, and a row whose parts are all empty gives
+    ``out = 0``, ``lse = -inf`` (gradient 0, not NaN). Half precision merges
+    in float32 and rounds ``out`` once; ``lse`` stays float32.
+
+    Args:
+      outs: ``(S, *batch, Lq, Dv)``, the ``S`` partial outputs stacked.
+      lses: ``(S, *batch, Lq)``, their log-sum-exps (outs' dtype, or
+        float32 for half outs).
+
+    Returns:
+      ``(out (*batch, Lq, Dv), lse (*batch, Lq))``.
+    """
+    rules.merge_attention(outs, lses)  # SPEC 3.24
+    out, lse = _merge(_upcast(outs), _upcast(lses))
+    return out.astype(outs.dtype), lse.astype(jnp.float32 if outs.dtype in _HALF else outs.dtype)
+
+
+def _merge(outs, lses):
+    """``(out, lse)`` in the compute dtype; NaN-free under autodiff: the max only
+    stabilises (``stop_gradient``: out and lse do not depend on it), an empty
+    part's ``exp(-inf)`` is 0 with derivative 0, an empty row divides by 1."""
+    m = lax.stop_gradient(jnp.max(lses, axis=0))  # (*batch, Lq)
+    m_use = jnp.where(m == -jnp.inf, 0.0, m)  # an all-empty row: no -inf - -inf
+    e = jnp.exp(lses - m_use)  # (S, *batch, Lq): 0 for an empty part
+    total = jnp.sum(e, axis=0)  # (*batch, Lq)
+    empty = total == 0
+    safe = jnp.where(empty, 1.0, total)
+    w = e / safe  # (S, *batch, Lq); all 0 for an empty row
+    lse = jnp.where(empty, -jnp.inf, m_use + jnp.log(safe))
+    return jnp.sum(w[..., None] * outs, axis=0), lse
+
+
+def _merge_two(a, b):
+    """:func:`merge_attention` of two partial results ``(out, lse)``, in the compute dtype."""
+    return _merge(jnp.stack([a[0], b[0]]), jnp.stack([a[1], b[1]]))
+
+
+# --------------------------------------------------------------------------
+# the ring
+
+
+def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_left",
+                   layout="contiguous", num_shards=None, mesh=None, axis_name=None):
+    """Sequence-parallel (ring) attention over the devices of a mesh axis.
+
+    Equal (to rounding) to ``blockwise_attention(q, k, v, mask, scale=scale,
+    causal=causal, align=align)``: ``(out, lse)`` in sequence order, for any
+    layout and shard count. The global view: ``q``, ``k``, ``v`` are whole
+    arrays (sharded or not); the function places them on the ring.
+
+    The algorithm is numpy_ref's ``_Ring.forward`` on real devices. A
+    ``shard_map`` over the axis gives device ``r`` the ``r``-th contiguous
+    block of ``q``, ``k``, ``v`` and of the mask's rows (in sequence order:
+    a local slice of a replicated array, nothing moves for an array already
+    sharded that way; the mask's columns stay whole and a key shard's
+    columns are sliced when it arrives). For ``"zigzag"`` the device then
+    trades chunks: two ``ppermute`` s of half a block each (every chunk
+    moves at most once) give it chunks ``r`` and ``2N - 1 - r``, and the
+    same two, reversed, bring ``out`` and ``lse`` back to contiguous blocks,
+    so the result is in sequence order with no gather (permuting the global
+    array instead made XLA's partitioner emit all-gathers). Step ``s`` computes
+    the partial ``(out, lse)`` of the held key shard ``j = (r - s) mod N``
+    (``lax.axis_index``) with blockwise attention's inner loop, under
+    ``visible(q positions of r, k positions of j) & mask block``, merges it
+    into the running pair (float32 for half inputs), and ``lax.ppermute``
+    passes ``(k_j, v_j)`` to ``r + 1`` (``N - 1`` sends; k/v travel in their
+    own dtype with their ``Hkv`` heads and are repeated after arrival).
+    Steps with no visible pair (``ring_schedule(...).computed[r, s] == False``,
+    a static table indexed by ``r``) are skipped by ``lax.cond`` (a select
+    under ``vmap``); the ppermute stays outside the cond, so every device
+    takes part in every send. The steps ``1 .. N - 1`` are a ``lax.scan``
+    (one step in the HLO, whatever ``N``). A step computes its
+    ``(nq, nk)`` scores in blocks of at most 128 x 128.
+
+    Backward: JAX autodiff through the ring, not a hand-written reverse ring.
+    The transpose of ``ppermute`` is the reverse ``ppermute``, so the
+    cotangents of ``k_j``, ``v_j`` travel backwards around the ring and arrive
+    home summed: this *is* the reverse ring of numpy_ref's
+    ``ring_attention_backward`` (dk/dv accumulators travelling with the
+    shard), derived rather than written again; the per-step block backward is
+    blockwise attention's (autodiff, NaN-free on masked rows), the merge's
+    is the softmax over parts. It keeps what blockwise gives for free:
+    ``vmap``, higher derivatives, an ``lse`` cotangent, no NaN in fully
+    masked rows. Each step's block is ``jax.checkpoint``-ed (the ppermute is
+    not, so nothing is sent twice): no scores are stored, but the scan keeps
+    its carries: the ``N`` key/value shards a device held (``O(Lk (Dk + Dv))``,
+    the whole key/value sequence) and its ``N`` running ``(out, lse)``
+    (``O(Lq Dv)``) per device, not ``O(shard)``. A ``custom_vjp`` reverse
+    ring (torch_impl's) would keep
+    ``O(shard)`` at the price of a second implementation to certify.
+
+    Args:
+      q: ``(*batch, Lq, Dk)``, ``*batch`` is ``(B,)`` or ``(B, H)``.
+      k, v: ``(*batch, Lk, Dk|Dv)``; at rank 4 also ``(B, Hkv, Lk, D)`` with
+        ``Hkv`` dividing ``H`` (grouped-query).
+      mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
+      scale: optional float (static); ``1 / sqrt(Dk)`` by default.
+      causal: key ``j`` visible from query ``i`` iff ``j <= i + offset``.
+      align: ``"top_left"`` (``offset = 0``) or ``"bottom_right"`` (``Lk - Lq``).
+      layout: ``"contiguous"`` or ``"zigzag"`` (:func:`shard_positions`).
+      num_shards: the devices of the ring; with ``mesh=None`` a 1-D mesh over
+        the first ``num_shards`` of ``jax.devices()`` (None: all of them).
+        Divides ``Lq`` and ``Lk`` (twice over for zigzag).
+      mesh: optional ``jax.sharding.Mesh``; the ring runs over ``axis_name``
+        (``num_shards``, if given, must be its size); other axes replicate.
+      axis_name: the mesh axis of the sequence; default the mesh's only axis
+        (with ``mesh=None``: the name of the 1-D mesh's axis, default ``"seq"``).
+
+    Returns:
+      ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; ``lse`` float32 for half
+      inputs. Global arrays, sharded over the ring's axis in contiguous blocks
+      of the sequence.
+    """
+    G = rules.ring_attention(q, k, v, mask, scale, causal, align, layout,
+                             _ring_size(num_shards, mesh, axis_name))  # SPEC 3.24
+    mesh, axis_name = _ring_mesh(num_shards, mesh, axis_name)
+    run = _ring_program(mesh, axis_name, None if scale is None else float(scale), bool(causal), align,
+                        layout, G, mask is not None)
+    return run(q, k, v, mask)
+
+
+def _ring_size(num_shards, mesh, axis_name):
+    """The ring's ``N`` as the caller gave it (validated by the rules afterwards)."""
+    if num_shards is not None:
+        return num_shards
+    if mesh is None:
+        return len(jax.devices())
+    return mesh.shape[_axis_of(mesh, axis_name)]
+
+
+def _axis_of(mesh, axis_name):
+    if axis_name is None:
+        if len(mesh.axis_names) != 1:
+            raise ValueError(f"axis_name: expected the mesh axis of the sequence for a mesh with axes "
+                             f"{tuple(mesh.axis_names)}, got None")
+        return mesh.axis_names[0]
+    if axis_name not in mesh.axis_names:
+        raise ValueError(f"axis_name: expected one of the mesh's axes {tuple(mesh.axis_names)}, got {axis_name!r}")
+    return axis_name
+
+
+def _ring_mesh(num_shards, mesh, axis_name):
+    """``(mesh, axis_name)`` of the ring, num_shards already valid."""
+    if mesh is None:
+        devices = jax.devices()
+        N = len(devices) if num_shards is None else int(num_shards)
+        if N > len(devices):
+            raise ValueError(f"num_shards: expected at most the {len(devices)} devices of jax.devices(), got {N}")
+        name = "seq" if axis_name is None else axis_name
+        return _mesh_of(tuple(devices[:N]), (N,), (name,)), name
+    axis_name = _axis_of(mesh, axis_name)
+    if num_shards is not None and int(num_shards) != mesh.shape[axis_name]:
+        raise ValueError(f"num_shards: expected None or the size {mesh.shape[axis_name]} of mesh axis "
+                         f"{axis_name!r}, got {num_shards}")
+    return mesh, axis_name
+
+
+@functools.lru_cache(maxsize=None)
+def _mesh_of(devices, shape, names):
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), names)
+
+
+@functools.lru_cache(maxsize=None)
+def _ring_program(mesh, axis, scale, causal, align, layout, G, has_mask):
+    """The jitted ring for one static configuration (retraced per shape/dtype
+    only; inside an outer ``jit`` it is inlined)."""
+    N = mesh.shape[axis]
+
+    @jax.jit
+    def run(q, k, v, mask):
+        *batch, Lq, _ = q.shape
+        Lk, Dv = k.shape[-2], v.shape[-1]
+        dtype = q.dtype
+        lse_dtype = jnp.float32 if dtype in _HALF else dtype
+        if Lq == 0 or Lk == 0:
+            return jnp.zeros((*batch, Lq, Dv), dtype), jnp.full((*batch, Lq), -jnp.inf, lse_dtype)
+        sched = _ring.ring_schedule(Lq, Lk, N, causal, align, layout)
+        # in sequence order, cut in N contiguous blocks (a local slice of a replicated array, nothing
+        # moves for one sharded that way); the body places them in the layout's order itself
+        seq = (None,) * len(batch)
+        specs = [P(*seq, axis, None), P(*seq, axis, None), P(*seq, axis, None)]
+        args = [q, k, v]
+        if mask is not None:
+            mask = jnp.asarray(mask)
+            mask = mask.reshape((1,) * (q.ndim - mask.ndim) + mask.shape)  # (*bb, Lq|1, Lk|1)
+            specs.append(P(*seq, axis if mask.shape[-2] > 1 else None, None))  # rows with the queries
+            args.append(mask)
+        body = functools.partial(_ring_body, sched=sched, axis=axis, scale=scale, G=G)
+        out, lse = jax.shard_map(body, mesh=mesh, in_specs=tuple(specs),
+                                 out_specs=(P(*seq, axis, None), P(*seq, axis)),
+                                 check_vma=False)(*args)
+        return out.astype(dtype), lse.astype(lse_dtype)  # out rounded once
+
+    return run
+
+
+def _zigzag_perms(N):
+    """The two ``ppermute`` s that turn contiguous blocks into zigzag shards.
+
+    Cut in ``2N`` chunks, device ``r`` holds chunks ``2r`` and ``2r + 1``
+    (contiguous) and must hold ``r`` and ``2N - 1 - r`` (zigzag): chunk ``c``
+    goes to device ``c`` if ``c < N``, else ``2N - 1 - c``. On the even
+    chunks that map is a permutation of the devices (even chunks below ``N``
+    land on even devices, the others on odd ones), and on the odd chunks too.
+    """
+    home = lambda c: c if c < N else 2 * N - 1 - c  # noqa: E731
+    return [(r, home(2 * r)) for r in range(N)], [(r, home(2 * r + 1)) for r in range(N)]
+
+
+def _to_layout(x, axis, r, N, layout, name):
+    """Device ``r``'s contiguous block ``x`` (sequence along ``axis``) -> its shard
+    of ``layout``: for zigzag, two ppermutes of half a shard each (a chunk that is
+    already home stays)."""
+    if layout == "contiguous" or N == 1:
+        return x
+    even, odd = jnp.split(x, 2, axis=axis)  # chunks 2r and 2r + 1
+    to_even, to_odd = _zigzag_perms(N)
+    got_even, got_odd = lax.ppermute(even, name, to_even), lax.ppermute(odd, name, to_odd)
+    # device r's early chunk r has r's parity; its late chunk 2N - 1 - r the other
+    r_even = r % 2 == 0
+    return jnp.concatenate([jnp.where(r_even, got_even, got_odd), jnp.where(r_even, got_odd, got_even)],
+                           axis=axis)
+
+
+def _from_layout(x, axis, r, N, layout, name):
+    """The inverse of :func:`_to_layout`: device ``r``'s shard -> its contiguous block."""
+    if layout == "contiguous" or N == 1:
+        return x
+    early, late = jnp.split(x, 2, axis=axis)  # chunks r and 2N - 1 - r
+    r_even = r % 2 == 0
+    even, odd = jnp.where(r_even, early, late), jnp.where(r_even, late, early)
+    to_even, to_odd = _zigzag_perms(N)
+    back = lambda perm: [(dst, src) for src, dst in perm]  # noqa: E731
+    return jnp.concatenate([lax.ppermute(even, name, back(to_even)), lax.ppermute(odd, name, back(to_odd))],
+                           axis=axis)
+
+
+def _key_columns(mask, j, nk, N, layout):
+    """The columns of key shard ``j`` (traced) of a mask whose columns are whole, in
+    sequence order: one slice, or zigzag's two chunks ``j`` and ``2N - 1 - j``."""
+    if layout == "contiguous":
+        return lax.dynamic_slice_in_dim(mask, j * nk, nk, axis=-1)
+    half = nk // 2
+    return jnp.concatenate([lax.dynamic_slice_in_dim(mask, j * half, half, axis=-1),
+                            lax.dynamic_slice_in_dim(mask, (2 * N - 1 - j) * half, half, axis=-1)], axis=-1)
+
+
+def _ring_body(q, k, v, mask=None, *, sched, axis, scale, G):
+    """One device of the ring (inside ``shard_map``): ``q (*batch, nq, Dk)``,
+    ``k``/``v`` ``(*batch_kv, nk, D)`` its contiguous blocks of the sequence,
+    ``mask (*bb, nq|1, Lk|1)`` its rows (columns whole). Returns its
+    contiguous block of ``(out, lse)`` in the compute dtype."""
+    N, nq, nk, layout = sched.num_shards, q.shape[-2], k.shape[-2], sched.layout
+    r = lax.axis_index(axis)
+    q, k, v = (_to_layout(x, -2, r, N, layout, axis) for x in (q, k, v))
+    if mask is not None and mask.shape[-2] > 1:
+        mask = _to_layout(mask, -2, r, N, layout, axis)  # rows: this device's queries
+    qf = _upcast(q) * _scale(q, scale)  # scale folded into q, as blockwise_attention
+    q_pos = jnp.asarray(sched.q_positions)[r]  # (nq,) global positions of the held queries
+    k_table = jnp.asarray(sched.k_positions)  # (N, nk)
+    computed = jnp.asarray(sched.computed)  # (N, N)
+    block = _blocks.block_schedule(nq, nk, _STEP_BLOCK, _STEP_BLOCK)  # no structure: it is in `allowed`
+
+    @jax.checkpoint  # the backward recomputes a step's block: no scores stored
+    def visit(carry, k_j, v_j, s):
+        j = (r - s) % N  # the key/value shard held at step s
+
+        def compute(carry):
+            allowed = None
+            if sched.causal:  # from global positions: zigzag shards are not contiguous
+                allowed = k_table[j][None, :] <= q_pos[:, None] + sched.offset  # (nq, nk)
+            if mask is not None:
+                m = mask if mask.shape[-1] == 1 else _key_columns(mask, j, nk, N, layout)  # (*bb, nq|1, nk)
+                allowed = m if allowed is None else allowed & m  # (*bb, nq|1, nk|1)
+            kf, vf = _repeat_kv(_upcast(k_j), G), _repeat_kv(_upcast(v_j), G)  # Hkv -> H heads
+            part = _attend_blocks(qf, kf, vf, allowed, None, block)  # (*batch, nq, Dv), (*batch, nq)
+            return _merge_two(carry, part)
+
+        return lax.cond(computed[r, s], compute, lambda c: c, carry)
+
+    out = jnp.zeros((*qf.shape[:-1], v.shape[-1]), qf.dtype)
+    lse = jnp.full(qf.shape[:-1], -jnp.inf, qf.dtype)
+    carry = visit((out, lse), k, v, 0)  # step 0: the device's own shard
+    if N > 1:
+        perm = [(i, (i + 1) % N) for i in range(N)]  # send to r + 1
+
+        def step(state, s):
+            carry, k_j, v_j = state
+            k_j, v_j = lax.ppermute(k_j, axis, perm), lax.ppermute(v_j, axis, perm)
+            return (visit(carry, k_j, v_j, s), k_j, v_j), None
+
+        (carry, _, _), _ = lax.scan(step, (carry, k, v), jnp.arange(1, N))
+    out, lse = carry
+    return _from_layout(out, -2, r, N, layout, axis), _from_layout(lse, -1, r, N, layout, axis)
+
+
+# --------------------------------------------------------------------------
+# head/batch sharding
+
+
+def sharded_attention(q, k, v, mask=None, scale=None, *, batch_shards=1, head_shards=1, mesh=None,
+                      batch_axis="batch", head_axis="heads"):
+    """Attention with the batch cut into ``batch_shards`` and the heads into
+    ``head_shards`` pieces over a device mesh; no communication.
+
+    Equal to ``scaled_dot_product_attention(q, k, v, mask, scale=scale)[0]``
+    exactly (heads and batch entries never interact). The inputs are put with
+    ``NamedSharding(mesh, P(batch_axis, head_axis))`` (rank 3:
+    ``P(batch_axis)``; a mask's size-1 axes replicated) and the jitted sdpa
+    runs with the same ``out_shardings``: XLA's partitioner gives each device
+    its ``(b, h)`` block and, since nothing couples blocks, inserts no
+    collective (a test reads the compiled HLO). Gradients by autodiff, with
+    the inputs' shardings.
+
+    Args:
+      q, k, v, mask, scale: as for :func:`scaled_dot_product_attention`
+        (grouped k/v heads allowed, no bias, no dropout).
+      batch_shards: a positive divisor of ``B``.
+      head_shards: a positive divisor of ``H`` and ``Hkv`` (rank 4), so each
+        shard holds whole query groups.
+      mesh: optional ``jax.sharding.Mesh`` with axes ``batch_axis`` and
+        ``head_axis`` (sizes ``batch_shards``, ``head_shards``; an axis the
+        mesh lacks is size 1). None: a ``(batch_shards, head_shards)`` mesh of
+        the first devices.
+      batch_axis, head_axis: the mesh axis names.
+
+    Returns:
+      ``out (*batch, Lq, Dv)``: a global ``jax.Array`` sharded as the inputs.
+    """
+    rules.sharded_attention(q, k, v, mask, scale,
+                            *_grid_size(batch_shards, head_shards, mesh, batch_axis, head_axis))  # SPEC 3.24
+    bs, hs = _grid_size(batch_shards, head_shards, mesh, batch_axis, head_axis)
+    if mesh is None:
+        devices = jax.devices()
+        if bs * hs > len(devices):
+            raise ValueError(f"batch_shards: expected batch_shards * head_shards at most the {len(devices)} "
+                             f"devices of jax.devices(), got {bs} * {hs}")
+        mesh = _mesh_of(tuple(devices[:bs * hs]), (bs, hs), (batch_axis, head_axis))
+    names = mesh.axis_names
+    b_ax = batch_axis if batch_axis in names else None
+    h_ax = head_axis if head_axis in names and q.ndim == 4 else None
+    spec = P(b_ax, h_ax) if q.ndim == 4 else P(b_ax)
+    put = lambda x, s: jax.device_put(x, NamedSharding(mesh, s))  # noqa: E731
+    q, k, v = put(q, spec), put(k, spec), put(v, spec)
+    if mask is not None:
+        mask = jnp.asarray(mask)
+        mask = mask.reshape((1,) * (q.ndim - mask.ndim) + mask.shape)  # (B|1, [H|1,] Lq|1, Lk|1)
+        axes = (b_ax, h_ax)[: q.ndim - 2]
+        mask = put(mask, P(*(a if n > 1 else None for a, n in zip(axes, mask.shape))))
+    return _sharded_program(mesh, spec, None if scale is None else float(scale))(q, k, v, mask)
+
+
+def _grid_size(batch_shards, head_shards, mesh, batch_axis, head_axis):
+    """``(batch_shards, head_shards)``: as given, or the mesh's axis sizes."""
+    if mesh is None:
+        return batch_shards, head_shards
+    sizes = []
+    for given, axis, name in ((batch_shards, batch_axis, "batch_shards"), (head_shards, head_axis, "head_shards")):
+        size = mesh.shape.get(axis, 1)
+        if given != 1 and given != size:
+            raise ValueError(f"{name}: expected 1 or the size {size} of mesh axis {axis!r}, got {given}")
+        sizes.append(size)
+    return tuple(sizes)
+
+
+@functools.lru_cache(maxsize=None)
+def _sharded_program(mesh, spec, scale):
+    @functools.partial(jax.jit, out_shardings=NamedSharding(mesh, spec))
+    def run(q, k, v, mask):
+        return scaled_dot_product_attention(q, k, v, mask, scale=scale)[0]
+
+    return run
