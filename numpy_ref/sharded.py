@@ -106,16 +106,13 @@ def shard_sequence(x, num_shards, *, layout="contiguous", axis=-2):
     """``x`` cut along ``axis`` into the shards of :func:`shard_positions`: a list of
     ``num_shards`` arrays, shard ``r`` holding ``x.take(shard_positions(...)[r], axis)``."""
     axis = rules.shard_sequence(x, num_shards, layout, axis)  # SPEC 3.24
-    positions = _ring.shard_positions(x.shape[axis], num_shards, layout)
-    return [np.take(x, p, axis=axis) for p in positions]
+    return _shard(x, num_shards, layout, axis)
 
 
 def unshard_sequence(shards, *, layout="contiguous", axis=-2):
     """The inverse of :func:`shard_sequence`: the shards put back in sequence order."""
     axis = rules.unshard_sequence(shards, layout, axis)  # SPEC 3.24
-    N, n = len(shards), shards[0].shape[axis]
-    order = np.argsort(_ring.shard_positions(N * n, N, layout).reshape(-1), kind="stable")
-    return np.take(np.concatenate(shards, axis=axis), order, axis=axis)
+    return _unshard(shards, layout, axis)
 
 
 # --------------------------------------------------------------------------
@@ -261,9 +258,7 @@ class _Ring:
         return None if x is None else _shard(x, self.N, self.layout)
 
     def unshard(self, xs):
-        N, n = len(xs), xs[0].shape[-2] if xs[0].ndim >= 2 else 0
-        order = np.argsort(_ring.shard_positions(N * n, N, self.layout).reshape(-1), kind="stable")
-        return np.take(np.concatenate(xs, axis=-2), order, axis=-2)
+        return _unshard(xs, self.layout, -2)
 
     def allowed(self, r, j):
         """What device ``r``'s queries may read of key shard ``j``: ``(…, nq, nk)`` bool,
@@ -277,7 +272,7 @@ class _Ring:
             allowed = allowed & m
         return allowed
 
-    def step(self, r, j, nq, nk):
+    def step(self, nq, nk):
         """One block per step: the schedule of a single ``(nq, nk)`` block, no structure
         (the structure is in :meth:`allowed`)."""
         return _blocks.block_schedule(nq, nk, max(nq, 1), max(nk, 1))
@@ -295,7 +290,7 @@ class _Ring:
                     continue  # entirely masked by the structure: nothing to add
                 k_j, v_j = (_repeat_kv(x, self.G) for x in held[r])  # query head h reads kv head h // G
                 part = _block_forward(qs[r], k_j, v_j, self.allowed(r, j), None, self.score,
-                                      self.step(r, j, qs[r].shape[-2], k_j.shape[-2]))
+                                      self.step(qs[r].shape[-2], k_j.shape[-2]))
                 running[r] = part if running[r] is None else _merge_two(running[r], part)
             held = held[-1:] + held[:-1]  # send to r + 1: device r now holds what r - 1 had
         outs, lses = [], []
@@ -324,7 +319,7 @@ class _Ring:
                 k_j, v_j, dk_j, dv_j = held[r]
                 g = _block_backward(d_outs[r], None if d_lses is None else d_lses[r], qs[r],
                                     _repeat_kv(k_j, self.G), _repeat_kv(v_j, self.G), self.allowed(r, j),
-                                    None, self.score, self.step(r, j, qs[r].shape[-2], k_j.shape[-2]),
+                                    None, self.score, self.step(qs[r].shape[-2], k_j.shape[-2]),
                                     outs[r], lses[r])
                 dq[r] += g["q"]
                 dk_j += _group_sum(g["k"], self.G)  # the group's query heads summed into kv head g
@@ -346,20 +341,25 @@ def _empty(q, v):
     return (np.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype), np.full(q.shape[:-1], -np.inf, dtype=q.dtype))
 
 
-def _shard(x, N, layout):
-    positions = _ring.shard_positions(x.shape[-2], N, layout)
-    return [np.take(x, p, axis=-2) for p in positions]
+def _shard(x, N, layout, axis=-2):
+    """The ``N`` shards of ``x`` along ``axis`` (validated lengths)."""
+    return [np.take(x, p, axis=axis) for p in _ring.shard_positions(x.shape[axis], N, layout)]
+
+
+def _unshard(xs, layout, axis=-2):
+    """The shards put back in sequence order: the inverse permutation of the placement."""
+    N, n = len(xs), xs[0].shape[axis]
+    order = np.argsort(_ring.shard_positions(N * n, N, layout).reshape(-1), kind="stable")
+    return np.take(np.concatenate(xs, axis=axis), order, axis=axis)
 
 
 def _shard_rows(x, N, layout):
     """Shards of a ``(*batch, L)`` array (an lse) along its last axis."""
-    return [y[..., 0] for y in _shard(x[..., None], N, layout)]
+    return _shard(x, N, layout, -1)
 
 
 def _unshard_rows(xs, N, layout):
-    n = xs[0].shape[-1]
-    order = np.argsort(_ring.shard_positions(N * n, N, layout).reshape(-1), kind="stable")
-    return np.take(np.concatenate(xs, axis=-1), order, axis=-1)
+    return _unshard(xs, layout, -1)
 
 
 # --------------------------------------------------------------------------
