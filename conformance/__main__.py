@@ -83,7 +83,17 @@ def _parser(peers: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--xla-default", action="store_true",
                    help="compile JAX programs with XLA's default flags; by default the command sets "
                    "XLA's compile-speed flags (conformance.xla), about half the JAX backend's time")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="do not use JAX's persistent compilation cache (default: on for the built-in "
+                   "and peer backends, in $XDG_CACHE_HOME/attention-spec/jax; never for a backend named "
+                   "package.module:Class; also off when ATTENTION_SPEC_NO_COMPILE_CACHE=1)")
     return p
+
+
+def _may_cache(args) -> bool:
+    """Whether the run may use JAX's persistent compilation cache: not when
+    --no-compile-cache says so, and never for a package.module:Class backend."""
+    return not args.no_compile_cache and all(":" not in spec for spec in args.backend or ())
 
 
 def _jobs(text: str):
@@ -269,11 +279,15 @@ def _certify(args, peers: bool = False, markdown_to=None) -> int:
     explicit = bool(args.backend)
     fast_compile = []
     if "jax" not in sys.modules:  # before any adapter starts JAX; see conformance/xla.py
-        from .xla import use_fast_compile, use_host_devices
+        from .xla import use_compilation_cache, use_fast_compile, use_host_devices
 
         use_host_devices()  # the sharded cases need a mesh: 8 simulated CPU devices
         if not getattr(args, "xla_default", True):
             fast_compile = use_fast_compile()
+        # the cache is ours to use for our own adapters; a third party's certification
+        # (a package.module:Class backend) never depends on it
+        if _may_cache(args):
+            use_compilation_cache()
     backends, info, problems = _load_backends(args.backend or list(PEERS if peers else BUILTINS), explicit)
     if fast_compile and any("jax" in getattr(b, "requires", ()) for b in backends):
         print("note: JAX programs compiled for compile speed (conformance.xla; --xla-default for XLA's defaults)")

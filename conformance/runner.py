@@ -463,6 +463,12 @@ def run_pass(session, backend, phase, fixtures, progress, outcomes, stop=lambda:
             progress(backend.name, "errors", ran, len(errors), None)
         return True
     values = [f for f in fixtures if f.call.expect_error is None]
+    # a function's batch is every case of it in the pass, wherever it stands in the catalog
+    # (blockwise_attention has cases in five components): a batch cut in pieces would be
+    # prepared once, for its first piece, and the rest would compile case by case
+    by_function: dict = {}
+    for f in values:
+        by_function.setdefault(f.call.function, []).append(f)
     batches = [list(g) for _, g in groupby(values, key=lambda f: f.call.function)]
     done, ran = 0, 0
     for batch in batches:
@@ -471,7 +477,7 @@ def run_pass(session, backend, phase, fixtures, progress, outcomes, stop=lambda:
         for fixture in batch:
             if stop():
                 return False
-            outcomes.append(session.value(fixture, phase, batch))
+            outcomes.append(session.value(fixture, phase, by_function[fixture.call.function]))
             done += 1
             ran += outcomes[-1].ran
             if progress:

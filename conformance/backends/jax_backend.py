@@ -118,7 +118,9 @@ class JaxBackend(Backend):
 
         if not hasattr(self, "device"):
             self.setup()
-        batch = [c for c in calls if c.function not in EAGER]
+        # a sharded call (a mesh of several devices) compiles alone: a many-call program
+        # cannot hold programs on different meshes, and a failed batch is a wasted trace
+        batch = [c for c in calls if c.function not in EAGER and devices_needed(c) == 1]
         if len(batch) < 2:
             return
         with jax.default_device(self.device), jax.default_matmul_precision("highest"):
@@ -163,7 +165,7 @@ class JaxBackend(Backend):
         cotangents = {}
         if wrt:
             cotangents = {
-                n: jnp.asarray(call.cotangents[n], dtype=dtype) for n in output_names(call.function)
+                n: _put(np.asarray(call.cotangents[n]), jnp.dtype(dtype)) for n in output_names(call.function)
                 if call.cotangents.get(n) is not None
             }
         return static, dynamic, cotangents, wrt
@@ -280,10 +282,26 @@ def _to_jax(tree, dtype):
     if isinstance(tree, (list, tuple)):
         return type(tree)(_to_jax(v, dtype) for v in tree)
     if isinstance(tree, np.ndarray):
-        if dtype is not None and tree.dtype.kind == "f":
-            return jnp.asarray(tree, dtype=dtype)
-        return jnp.asarray(tree)
+        return _put(tree, dtype if tree.dtype.kind == "f" else None)
     return tree
+
+
+def _put(array, dtype):
+    """A numpy array on JAX's default device, cast to ``dtype`` (None: kept) on the host.
+
+    ``jax.device_put`` of a numpy array is a copy; ``jnp.asarray`` would stage
+    it through a compiled identity (``stage``) or ``convert_element_type``
+    program, one XLA compile per shape and dtype: 450 of the 858 programs a
+    JAX run compiled. numpy's cast (ml_dtypes for bfloat16) rounds as XLA's
+    convert does, to nearest even, bit for bit (tests/jax_impl/test_conformance_backend.py)."""
+    import jax
+    import jax.numpy as jnp
+
+    if dtype is not None and array.dtype != dtype:
+        array = array.astype(dtype)
+    elif array.dtype == np.float64 and not jax.config.jax_enable_x64:
+        array = array.astype(jnp.float32)  # what jnp.asarray does without x64
+    return jax.device_put(array)
 
 
 def _to_numpy(tree):

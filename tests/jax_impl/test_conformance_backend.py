@@ -83,3 +83,32 @@ def test_mask_constructors_run_eagerly_with_their_value_checks(backend):
     ok = Call("masks/hand-built", "padding_mask", "masks", {"lengths": np.array([2, 7]), "max_len": None})
     np.testing.assert_array_equal(backend.run(ok, "float64").outputs["out"],
                                   nr.padding_mask(np.array([2, 7])))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_inputs_are_cast_on_the_host_as_xla_casts_them_bit_for_bit(backend, dtype):
+    """The adapter casts float64 inputs with numpy (ml_dtypes) and copies them with
+    device_put, not through a compiled convert per shape: the bits must be XLA's."""
+    from conformance.backends.jax_backend import _put
+
+    r = np.random.default_rng(3)
+    x = r.normal(size=4096) * np.exp(r.uniform(-30, 30, 4096))  # tiny, huge, and ties
+    x[:4] = [0.0, -0.0, 1.0 + 2.0 ** -8, 65504.0 * (1 + 2.0 ** -11)]
+    with np.errstate(over="ignore"):  # float16 overflows to inf, as XLA's convert does
+        host = np.asarray(_put(x, jax.numpy.dtype(dtype)))
+        device = np.asarray(jax.numpy.asarray(x, dtype=dtype))
+    assert host.dtype == device.dtype
+    assert host.tobytes() == device.tobytes()
+
+
+def test_putting_an_input_compiles_nothing(backend):
+    from conformance.backends.jax_backend import _put
+
+    x = np.random.default_rng(4).normal(size=(3, 7, 11))
+    with jax.log_compiles(True), pytest.MonkeyPatch.context() as mp:
+        compiled = []
+        mp.setattr("jax._src.interpreters.pxla._cached_compilation",
+                   lambda *a, **k: compiled.append(a) or (_ for _ in ()).throw(AssertionError("compiled")))
+        _put(x, jax.numpy.dtype("float32"))
+        _put(x.astype(np.int64), None)
+    assert compiled == []
