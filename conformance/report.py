@@ -283,6 +283,9 @@ def coverage_lines(outcomes, backends) -> list[str]:
     """One line per backend: per dtype the value cases run (outputs, gradients
     compared), the error cases checked, and the totals."""
     lines = []
+    if backends:
+        lines.append("counts per backend: a run is one value case in one dtype, or one error case; "
+                     "the verdict's cases are the catalog's, each run in every dtype of every backend")
     for b in backends:
         c = coverage(outcomes, b)
         parts = []
@@ -297,6 +300,8 @@ def coverage_lines(outcomes, backends) -> list[str]:
         extra = "".join(f", {c[k]} {label}" for k, label in (("differs", "declared differences"),
                                                              ("unsupported", "not supported"),
                                                              ("unchecked", "not checked")) if c[k])
+        skipped = getattr(b, "skipped_dtypes", None) or {}
+        what += "".join(f"; {d} skipped: {why}" for d, why in skipped.items())
         lines.append(f"{b.name}: {c['passed']} passed, {c['failed']} failed{extra} | {what}")
     return lines
 

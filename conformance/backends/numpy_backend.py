@@ -35,6 +35,9 @@ class NumpyBackend(Backend):
     name = "numpy"
     requires = ("numpy_ref",)
     dtypes = ("float64", "float32") + (("bfloat16",) if _BFLOAT16 is not None else ()) + ("float16",)
+    #: dtypes left out on this install, and why (the summary line says so)
+    skipped_dtypes = {} if _BFLOAT16 is not None else {
+        "bfloat16": "numpy has no bfloat16 (pip install ml_dtypes, in the test extra, provides it)"}
 
     def run(self, call: Call, dtype: str | None) -> Result:
         import numpy_ref

@@ -6,6 +6,8 @@ import hashlib
 import json
 import os
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -230,17 +232,33 @@ def test_folder_error_is_a_runtime_error_for_old_callers():
 # the noise floor
 
 
+@pytest.fixture(scope="module")
+def machine_noise(tmp_path_factory):
+    """The cases this machine's BLAS computes to other bits than the committed ones
+    (all within the floor): none on the kernel that wrote the fixtures, about a third
+    of the catalog on another (OpenBLAS's Zen kernel against its Haswell one, float64
+    moving by ~1e-16 relative). The floor exists for exactly this; a test must not
+    assume the machine it runs on wrote the fixtures."""
+    copy = tmp_path_factory.mktemp("noise") / "fixtures"
+    shutil.copytree(DEFAULT_DIR, copy)
+    report = generate(copy, check=True)
+    assert report.clean and report.written == [] and report.worst <= 1, report.changes
+    return set(report.noisy)
+
+
 @pytest.mark.parametrize("key", ["out/out", "grad/q", "grad_out_only/v"])
-def test_an_array_moved_by_1e_15_relative_is_kept_byte_for_byte(folder, capsys, key):
+def test_an_array_moved_by_1e_15_relative_is_kept_byte_for_byte(folder, capsys, key, machine_noise):
     perturbed = _perturb(folder, VALUE, key, 1e-15)
     assert perturbed != (DEFAULT_DIR / case_file(VALUE)).read_bytes()
     before = _snapshot(folder)
     report = generate(folder)
-    assert report.written == [] and report.noisy == [VALUE] and 0 < report.worst <= 1
+    noisy = machine_noise | {VALUE}
+    assert report.written == [] and set(report.noisy) == noisy and len(report.noisy) == len(noisy)
+    assert 0 < report.worst <= 1
     assert report.clean
     assert _snapshot(folder) == before
     code, out, _ = _cli(capsys, "--check", "--out", str(folder))
-    assert code == 0 and "1 within the noise floor" in out
+    assert code == 0 and f"{len(noisy)} within the noise floor" in out
 
 
 @pytest.mark.parametrize("key", ["out/out", "grad/q", "out/weights"])
