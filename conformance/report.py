@@ -285,7 +285,7 @@ def coverage_lines(outcomes, backends) -> list[str]:
     lines = []
     if backends:
         lines.append("counts per backend: a run is one value case in one dtype, or one error case; "
-                     "the verdict's cases are the catalog's, each run in every dtype of every backend")
+                     "the last line counts the catalog's cases, each run in every dtype of every backend")
     for b in backends:
         c = coverage(outcomes, b)
         parts = []
