@@ -26,13 +26,6 @@ def test_readme_has_examples():
 
 SAMPLE = re.search(r"<!-- conformance-sample:begin -->\n```\n(.*?)```\n<!-- conformance-sample:end -->",
                    README, re.S)
-def _float64_noise():
-    from conformance.generate import NOISE_RTOL
-    from conformance.tolerances import bounds
-
-    return NOISE_RTOL / min(bounds("float64", "out")[0], bounds("float64", "grad")[0])
-
-
 _NUMBER = re.compile(r"\d+\.\d+(?:e[-+]?\d+)?|\d+e[-+]?\d+|(?<!\S)0(?!\S)")  # ratios; a lone 0 is one too
 
 
@@ -48,10 +41,12 @@ def test_readme_sample_output_is_what_the_command_prints(capsys):
     fresh run is within NOISE_RTOL of it, i.e. NOISE_RTOL / rtol(float64) = 1e-3 of
     the float64 bound (measured: 1.3e-4 under OPENBLAS_CORETYPE=Zen)."""
     from conformance.__main__ import main
+    from conformance.generate import NOISE_RTOL
+    from conformance.tolerances import bounds
 
     pytest.importorskip("ml_dtypes")  # the sample shows numpy's bfloat16 run, declared with ml_dtypes
     assert SAMPLE, "README lacks the conformance-sample block"
-    FLOAT64_NOISE = _float64_noise()
+    float64_noise = NOISE_RTOL / min(bounds("float64", "out")[0], bounds("float64", "grad")[0])
     assert main(["--backend", "numpy", "-k", "mha or encoder"]) == 0
     got = capsys.readouterr().out.rstrip("\n").splitlines()
     want = SAMPLE.group(1).rstrip("\n").splitlines()
@@ -65,6 +60,6 @@ def test_readme_sample_output_is_what_the_command_prints(capsys):
         for a, b in zip(_NUMBER.findall(g), _NUMBER.findall(w)):
             a, b = float(a), float(b)
             if b == 0:
-                assert 0 <= a <= FLOAT64_NOISE, message
+                assert 0 <= a <= float64_noise, message
             else:
                 assert a > 0 and 1 / 3 <= a / b <= 3, message

@@ -5,7 +5,6 @@ import dataclasses
 import hashlib
 import json
 import os
-
 import shutil
 
 import numpy as np

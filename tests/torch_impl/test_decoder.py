@@ -540,8 +540,8 @@ def _judge(name, kind, got, want_low, truth):
 
 # float32 depends on the BLAS kernel: the bound is K x numpy_ref's own float32 error, computed
 # live with this machine's OpenBLAS, while torch's error comes from its own kernels. Under
-# OpenBLAS's Haswell and Zen kernels (AMD EPYC, 2026-12-04) numpy's error is smaller than where
-# K was calibrated and a decoder gradient lands at 1.03 x the bound. The cure is a
+# OpenBLAS's Haswell and Zen kernels on an AMD EPYC (2026-12-04) a decoder gradient lands at
+# 1.03 x the bound (it passed on the machines where K was calibrated). The cure is a
 # kernel-independent reference error (issue 28, item 1: open); until then the case is an xfail
 # that says so rather than a bound widened to fit.
 _KERNEL_DEPENDENT = pytest.mark.xfail(
