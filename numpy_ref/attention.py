@@ -100,7 +100,10 @@ def _masked_softmax(x, mask, axis):
     # (``initial``: a row of Lk = 0 keys has no max either.)
     m = np.max(np.where(valid, x, -np.inf), axis=axis, keepdims=True, initial=-np.inf)
     m = np.where(m == -np.inf, 0.0, m)
-    e = np.where(valid, np.exp(np.where(valid, x, m) - m), 0.0)
+    # A poisoned row (+inf or NaN in x, SPEC's poison cases) is NaN by design:
+    # ``inf - inf`` propagates it without a RuntimeWarning to the user.
+    with np.errstate(invalid="ignore"):
+        e = np.where(valid, np.exp(np.where(valid, x, m) - m), 0.0)
     s = np.sum(e, axis=axis, keepdims=True)
     return e / np.where(s == 0, 1.0, s)  # an empty row: 0 / 1 = 0; a NaN sum stays NaN
 
@@ -220,13 +223,15 @@ def _attention_probs(q, k, mask, bias, scale, softcap=None):
     when ``softcap`` is None), in float32 for half inputs (the caller rounds
     it once); and ``t = tanh(q kᵀ * scale / cap)`` for the backward (None
     without a cap)."""
-    scores = _upcast(q) @ np.swapaxes(_upcast(k), -1, -2) * scale  # (*batch, Lq, Lk)
-    t = None
-    if softcap is not None:
-        t = np.tanh(scores / float(softcap))  # (*batch, Lq, Lk)
-        scores = float(softcap) * t  # (*batch, Lq, Lk), in (-cap, cap)
-    if bias is not None:
-        scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
+    # inf · 0 and inf - inf on poisoned inputs are NaN by design (no warning)
+    with np.errstate(invalid="ignore"):
+        scores = _upcast(q) @ np.swapaxes(_upcast(k), -1, -2) * scale  # (*batch, Lq, Lk)
+        t = None
+        if softcap is not None:
+            t = np.tanh(scores / float(softcap))  # (*batch, Lq, Lk)
+            scores = float(softcap) * t  # (*batch, Lq, Lk), in (-cap, cap)
+        if bias is not None:
+            scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
     return _masked_softmax(scores, mask, -1), t  # (*batch, Lq, Lk)
 
 

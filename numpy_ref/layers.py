@@ -159,7 +159,8 @@ def _matmul(a, b):
     XLA's matmuls do; ml_dtypes' ``bfloat16 @ bfloat16`` returns the float32
     accumulator, which is rounded back here.
     """
-    out = a @ b
+    with np.errstate(invalid="ignore"):  # inf · 0 on poisoned inputs: NaN by design
+        out = a @ b
     dtype = a.dtype if a.dtype == b.dtype else np.result_type(a, b)
     return out if out.dtype == dtype else out.astype(dtype)
 
