@@ -14,9 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from .tiers import SLOW, first_of_each
+
 ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORK = {"torch_impl": "torch", "jax_impl": "jax"}
 DEMOS = ["numpy_ref", *FRAMEWORK]
+# fast tier: the first package of each sweep (numpy_ref, or torch_impl among the
+# mirrors); the other packages are slow, as is the mirror-report comparison (two
+# demo runs, 3-6 s per case)
+FAST_DEMOS = first_of_each(DEMOS, key=lambda v: "demo")
+FAST_MIRRORS = first_of_each(FRAMEWORK, key=lambda v: "mirror")
 
 # Runs ``python -m <package> <args>`` with some modules made unimportable: a
 # meta-path finder ahead of all others raises for them, as a missing
@@ -63,6 +70,7 @@ def reference_report():
 # the report
 
 
+@SLOW  # two demo runs per case, 3-6 s each; .ci/run runs it
 @pytest.mark.parametrize("package", list(FRAMEWORK))
 @pytest.mark.parametrize("args", [(), ("--seed", "5")], ids=["default-seed", "seed-5"])
 def test_mirror_demo_prints_the_numpy_report_for_the_same_seed_and_agrees_with_it(package, args):
@@ -96,7 +104,7 @@ def test_another_seed_changes_the_transformer_ids_but_the_cache_still_decodes_th
 # the command line
 
 
-@pytest.mark.parametrize("package", DEMOS)
+@pytest.mark.parametrize("package", FAST_DEMOS)
 def test_help_prints_usage_what_the_demo_does_and_the_seed_option(package):
     _needs_framework(package)
     result = _demo(package, "--help")
@@ -109,7 +117,7 @@ def test_help_prints_usage_what_the_demo_does_and_the_seed_option(package):
     assert result.stderr == ""
 
 
-@pytest.mark.parametrize("package", DEMOS)
+@pytest.mark.parametrize("package", FAST_DEMOS)
 def test_an_unknown_option_exits_2_with_argparse_usage_and_message(package):
     _needs_framework(package)
     result = _demo(package, "--no-such-option", check=False)
@@ -119,7 +127,7 @@ def test_an_unknown_option_exits_2_with_argparse_usage_and_message(package):
     assert "unrecognized arguments: --no-such-option" in result.stderr
 
 
-@pytest.mark.parametrize("package", DEMOS)
+@pytest.mark.parametrize("package", FAST_DEMOS)
 def test_a_seed_that_is_not_an_integer_exits_2_naming_the_option(package):
     _needs_framework(package)
     result = _demo(package, "--seed", "one", check=False)
@@ -135,7 +143,7 @@ def test_a_seed_that_is_not_an_integer_exits_2_naming_the_option(package):
 # (``sys.argv[0] == "-m"``), so ``__main__`` can print its usage or one line.
 
 
-@pytest.mark.parametrize("package", list(FRAMEWORK))
+@pytest.mark.parametrize("package", FAST_MIRRORS)
 def test_without_its_framework_a_mirror_demo_prints_one_line_on_how_to_install_and_exits_1(package):
     framework = FRAMEWORK[package]
     result = _demo_without([framework], package)
@@ -147,14 +155,14 @@ def test_without_its_framework_a_mirror_demo_prints_one_line_on_how_to_install_a
     assert f'pip install "attention-spec[{framework}]"' in lines[0]
 
 
-@pytest.mark.parametrize("package", list(FRAMEWORK))
+@pytest.mark.parametrize("package", FAST_MIRRORS)
 def test_without_its_framework_a_mirror_demo_still_prints_help(package):
     result = _demo_without([FRAMEWORK[package]], package, "--help")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"usage: python -m {package} ")
 
 
-@pytest.mark.parametrize("package", list(FRAMEWORK))
+@pytest.mark.parametrize("package", FAST_MIRRORS)
 def test_a_missing_module_of_our_own_still_raises_with_its_traceback(package):
     _needs_framework(package)
     result = _demo_without([f"{package}.encoder"], package)
@@ -174,7 +182,7 @@ def test_missing_line_is_one_line_naming_the_package_the_reason_and_the_command(
                     "(No module named 'torch'): pip install \"attention-spec[torch]\"")
 
 
-@pytest.mark.parametrize("package", list(FRAMEWORK))
+@pytest.mark.parametrize("package", FAST_MIRRORS)
 def test_importing_a_mirror_without_its_framework_says_what_to_install(package):
     framework = FRAMEWORK[package]
     code = (

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from .tiers import SLOW
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # ``python -m experiments.seq2seq_attention`` with matplotlib made unimportable
@@ -31,6 +33,7 @@ def _run(*args):
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+@SLOW  # trains both models in a subprocess (5 s); .ci/run runs it
 def test_seq2seq_attention_quick_run_writes_both_figures_and_a_table_of_finite_accuracies(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")

@@ -18,6 +18,8 @@ from conformance.bench.cases import (BLOCK_DEFAULTS, BLOCKWISE_PRESETS, DENSE_MA
                                      BlockwisePoint, flops, make_inputs, parse_block,
                                      parse_per_framework, shape_from_record)
 
+from ..tiers import SLOW
+
 QUICK = BLOCKWISE_PRESETS["blockwise-quick"]
 NAMES = [impl.name for impl in IMPLS["blockwise"]]
 
@@ -34,6 +36,7 @@ def _cases(records):
     return cases
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_runs_every_length_causal_setting_and_implementation(quick):
     report, _ = quick
     records = _records(report)
@@ -52,6 +55,7 @@ def test_quick_runs_every_length_causal_setting_and_implementation(quick):
                for n in ("numpy_ref[dense]", "numpy_ref[blockwise]"))
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_with_torch_and_jax_runs_everything(quick):
     pytest.importorskip("torch")
     jax_impl = pytest.importorskip("jax_impl")
@@ -62,6 +66,7 @@ def test_quick_with_torch_and_jax_runs_everything(quick):
     assert not bad
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_gradients_agree_in_the_runners_check(quick):
     """The benchmark's own sanity check: dense, blockwise and built-in compute
     the same (dq, dk, dv) before anything is timed; numpy_ref[dense] (float32)
@@ -78,6 +83,7 @@ def test_quick_gradients_agree_in_the_runners_check(quick):
             assert check["ok"] and check["max_rel_err"] <= check["tol"] == 1e-3, (case, name, check)
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_numpy_blockwise_needs_less_memory_than_dense(quick):
     report, _ = quick
     longest = max(QUICK.lengths)
@@ -88,6 +94,7 @@ def test_quick_numpy_blockwise_needs_less_memory_than_dense(quick):
         assert 0 < blockwise < dense, (causal, blockwise, dense)
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_records_blocks_work_ratios_and_settings(quick):
     report, _ = quick
     blocks = report["header"]["blockwise"]["block"]["blockwise-quick"]
@@ -114,6 +121,7 @@ def test_quick_records_blocks_work_ratios_and_settings(quick):
     assert all(g["met"] is None for g in goals if g["goal"].startswith("numpy blockwise, L="))
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_table_has_a_row_per_length_and_implementation(quick):
     report, stdout = quick
     lines = stdout.splitlines()
@@ -131,6 +139,7 @@ def test_quick_table_has_a_row_per_length_and_implementation(quick):
     assert len(table) == len(_records(report))
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_blockwise_plot_writes_a_png_beside_the_main_one(quick, tmp_path):
     pytest.importorskip("matplotlib")
     path = cli.blockwise_plot_path(tmp_path / "bench.png")

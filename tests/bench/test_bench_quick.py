@@ -17,6 +17,8 @@ from conformance.bench.cases import (BLOCKWISE_PRESETS, DECODE_PRESETS, IMPLS, P
                                      op_modes, parse_lengths, parse_shape, shape_from_record)
 from conformance.bench.runners import Problem, Skip, numpy_ref
 
+from ..tiers import SLOW
+
 
 def _key(r):
     """A record's case and implementation: decode has one case per cache length L,
@@ -28,6 +30,7 @@ def _by_key(report):
     return {_key(r): r for r in report["results"]}
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_report_has_every_implementation_timed_or_skipped_with_a_reason(quick):
     report, _ = quick
     records = _by_key(report)
@@ -47,6 +50,7 @@ def test_quick_report_has_every_implementation_timed_or_skipped_with_a_reason(qu
             assert record["reason"], key
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_medians_are_positive_and_inside_their_spread(quick):
     report, _ = quick
     ok = [r for r in report["results"] if r["status"] == "ok"]
@@ -65,6 +69,7 @@ def builtins_installed():
     pytest.importorskip("jax")
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_ratios_divide_by_the_baseline_median(quick, builtins_installed):
     report, _ = quick
     records = _by_key(report)
@@ -79,6 +84,7 @@ def test_quick_ratios_divide_by_the_baseline_median(quick, builtins_installed):
     assert compared > 0
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_gflops_follow_the_flop_count_and_the_measured_peak(quick):
     report, _ = quick
     peaks = report["matmul_peak"]["peak_gflops"]
@@ -90,6 +96,7 @@ def test_quick_gflops_follow_the_flop_count_and_the_measured_peak(quick):
         assert r["fraction_of_peak"] == pytest.approx(r["gflops"] / peaks[r["device"]])
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_memory_is_measured_or_marked(quick):
     report, _ = quick
     for r in (r for r in report["results"] if r["status"] == "ok"):
@@ -98,6 +105,7 @@ def test_quick_memory_is_measured_or_marked(quick):
             assert r["memory_bytes"] > 0, (r["impl"], r["mode"])
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_header_reports_threads_blas_and_devices(quick):
     header = quick[0]["header"]
     assert header["command"].startswith("python -m conformance bench --quick")
@@ -108,6 +116,7 @@ def test_quick_header_reports_threads_blas_and_devices(quick):
         assert header["torch_device"] in ("cpu", "cuda")
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_table_prints_a_row_per_implementation_and_mode(quick):
     report, stdout = quick
     lines = stdout.splitlines()
@@ -119,6 +128,7 @@ def test_quick_table_prints_a_row_per_implementation_and_mode(quick):
             (r["impl"], mode)
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_plot_writes_a_png_from_the_report(quick, tmp_path):
     pytest.importorskip("matplotlib")
     message = bench_report.plot(quick[0], tmp_path / "bench.png")
@@ -126,6 +136,7 @@ def test_plot_writes_a_png_from_the_report(quick, tmp_path):
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_decode_plot_writes_a_png_beside_the_main_one(quick, tmp_path):
     pytest.importorskip("matplotlib")
     path = cli.decode_plot_path(tmp_path / "bench.png")
@@ -134,6 +145,7 @@ def test_decode_plot_writes_a_png_beside_the_main_one(quick, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@SLOW  # uses the session's --quick benchmark run (12 s); .ci/run runs it
 def test_quick_decode_table_has_a_row_per_implementation_and_ratio_and_a_column_per_length(quick):
     report, stdout = quick
     rows = [r for r in report["results"] if r["op"] == "decode"]

@@ -669,12 +669,18 @@ def _fixtures():
 
 
 @functools.lru_cache(maxsize=None)
-def failing(name: str) -> dict:
-    """``{case: first problem}`` of every committed case the mutant ``name`` fails in float64."""
+def failing(name: str, only: frozenset | None = None) -> dict:
+    """``{case: first problem}`` of every committed case the mutant ``name`` fails in float64.
+
+    ``only``: run just these cases (the fast tier runs a mutant's ``catches`` and
+    ``spares``, what its reasoning names; the full catalog is the slow tier's).
+    """
     backend = backend_class(MUTANTS_BY_NAME[name])()
     failed = {}
     with Session(backend) as session:
         for fixture in _fixtures():
+            if only is not None and fixture.name not in only:
+                continue
             if fixture.call.expect_error is None:
                 outcome = session.value(fixture, "float64")
             else:

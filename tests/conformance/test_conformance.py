@@ -14,7 +14,10 @@ import pytest
 
 from conformance.backends import BUILTINS, Unavailable, load, load_class
 from conformance.fixtures import load_fixture, load_manifest
+from conformance.invoke import devices_needed
 from conformance.runner import Session
+
+from ..tiers import first_of_each, slow
 
 #: third-party modules each built-in needs (importorskip'd by the fixture)
 NEEDS = {"numpy": (), "torch": ("torch",), "torch-fused": ("torch",), "jax": ("jax",)}
@@ -50,7 +53,39 @@ def _params():
     return values, errors
 
 
+def _tiered(values):
+    """The fast tier (tests/tiers.py) of the value sweep.
+
+    numpy, torch and torch-fused: every case in float64, the strictest judge, but
+    a case on a mesh of several devices (torch: a process group per call, ~0.35 s)
+    only as its function's first; in the other dtypes each function's first case. JAX, whose cost is XLA compiling each
+    batch: each function once, its dtype taken in turn from the backend's dtypes
+    (function i in dtype i mod 3), so every function and every dtype is compiled
+    and judged. The rest is ``slow`` (``.ci/run`` runs it), and ``python -m
+    conformance``, the README's first command, runs every case of every backend
+    in every dtype.
+    """
+    jax_dtypes = _declared("jax")[0]
+    functions = list(dict.fromkeys(f.call.function for f in VALUES))
+    turn = {fn: jax_dtypes[i % len(jax_dtypes)] for i, fn in enumerate(functions)}
+
+    def group(v):
+        """What a parameter is sampled within: ``None`` runs whole, ``"slow"`` never fast."""
+        name, dtype, case = v
+        call = FIXTURES[case].call
+        if name == "jax":
+            return (name, call.function) if dtype == turn[call.function] else "slow"
+        if dtype == "float64" and devices_needed(call) == 1:
+            return None
+        return (name, dtype, call.function)
+
+    sampled = first_of_each([p for p in values if group(p.values) not in (None, "slow")], key=group)
+    later = {p.id for p in sampled if p.marks}  # a group's second and later cases
+    return [slow(p) if group(p.values) == "slow" or p.id in later else p for p in values]
+
+
 VALUE_PARAMS, ERROR_PARAMS = _params()
+VALUE_PARAMS = _tiered(VALUE_PARAMS)
 
 
 @pytest.fixture(scope="session")
@@ -64,9 +99,22 @@ def backend(request):
         yield session
 
 
+@pytest.fixture(scope="session")
+def selected(request):
+    """``{(backend, dtype, case)}`` of every ``test_case_matches_the_fixture`` this
+    run selected: a case's batch is the selected cases of its function, so a
+    fast-tier or ``-k`` run compiles only what it checks, and a run of both tiers
+    still compiles each function once per dtype."""
+    return {(item.callspec.params["backend"], item.callspec.params["dtype"], item.callspec.params["case"])
+            for item in request.session.items
+            if getattr(item, "originalname", None) == "test_case_matches_the_fixture"}
+
+
 @pytest.mark.parametrize(("backend", "dtype", "case"), VALUE_PARAMS, indirect=["backend"])
-def test_case_matches_the_fixture(backend, dtype, case):
-    outcome = backend.value(FIXTURES[case], dtype, BATCH[case])
+def test_case_matches_the_fixture(backend, dtype, case, request, selected):
+    name = request.node.callspec.params["backend"]
+    batch = [f for f in BATCH[case] if (name, dtype, f.name) in selected]
+    outcome = backend.value(FIXTURES[case], dtype, batch)
     assert outcome.status == "pass", "\n".join(outcome.problems)
 
 

@@ -15,6 +15,8 @@ from conformance.cases import CASES
 from conformance.fixtures import DEFAULT_DIR, case_file, load_fixture, load_manifest, save_npz
 from conformance.generate import NOISE_RTOL, FolderError, generate, manifest_text
 
+from ..tiers import first_of_each
+
 # generating fixtures computes numpy_ref's bfloat16 reference errors, which needs ml_dtypes
 pytest.importorskip("ml_dtypes")
 
@@ -38,6 +40,35 @@ def _snapshot(folder):
             else:
                 out[rel] = ("dir",)
     return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def computed_once():
+    """Each case's fixture is computed once per test module, not once per test.
+
+    These tests check what ``generate`` does with a folder (what it keeps, writes,
+    refuses, removes); the arrays it writes are ``build_fixture``'s, a pure
+    function of the case that nothing here changes (a case is a frozen
+    description, numpy_ref is not patched). So the first test that builds a case
+    runs the real computation, and later ones get a copy of its result: about
+    3 s per regeneration of the catalog saved, a dozen times. A case that fails
+    to build raises every time (a failure is never kept).
+    """
+    import copy
+
+    import conformance.generate as G
+
+    real, kept = G.build_fixture, {}
+
+    def build_fixture(case, reference_dtypes=G.REFERENCE_DTYPES):
+        key = (id(case), tuple(reference_dtypes))
+        if key not in kept:
+            kept[key] = (case, real(case, reference_dtypes))  # the case held: its id stays its own
+        return copy.deepcopy(kept[key][1])
+
+    G.build_fixture = build_fixture
+    yield
+    G.build_fixture = real
 
 
 @pytest.fixture
@@ -245,7 +276,8 @@ def machine_noise(tmp_path_factory):
     return set(report.noisy)
 
 
-@pytest.mark.parametrize("key", ["out/out", "grad/q", "grad_out_only/v"])
+# the first key of each sweep is the fast tier's (tests/tiers.py); the other kinds of array, slow
+@pytest.mark.parametrize("key", first_of_each(["out/out", "grad/q", "grad_out_only/v"], key=lambda v: 0))
 def test_an_array_moved_by_1e_15_relative_is_kept_byte_for_byte(folder, capsys, key, machine_noise):
     perturbed = _perturb(folder, VALUE, key, 1e-15)
     assert perturbed != (DEFAULT_DIR / case_file(VALUE)).read_bytes()
@@ -260,7 +292,7 @@ def test_an_array_moved_by_1e_15_relative_is_kept_byte_for_byte(folder, capsys, 
     assert code == 0 and f"{len(noisy)} within the noise floor" in out
 
 
-@pytest.mark.parametrize("key", ["out/out", "grad/q", "out/weights"])
+@pytest.mark.parametrize("key", first_of_each(["out/out", "grad/q", "out/weights"], key=lambda v: 0))
 def test_an_array_moved_by_1e_6_relative_fails_check_and_is_rewritten(folder, capsys, key):
     _perturb(folder, VALUE, key, 1e-6)
     before = _snapshot(folder)

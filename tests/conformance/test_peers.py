@@ -30,6 +30,7 @@ from conformance.backends import PEERS, Unavailable, load
 from conformance.examples.my_attention_backend import MyBackend, MyForwardOnlyBackend
 from conformance.protocol import Difference
 from conformance.report import peer_markdown
+from ..tiers import SLOW
 from conformance.runner import (coverage_problems, difference_problems, difference_status, load_all, run,
                                 verdict)
 
@@ -39,7 +40,8 @@ HERE = "tests.conformance.test_peers"
 
 
 # --------------------------------------------------------------------------
-# the peers, each run once over the whole catalog
+# the peers, each run once over the whole catalog: ~18 s for every peer, the
+# slow tier's (tests/tiers.py; .ci/run runs it, and `python -m conformance peers`)
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +71,7 @@ def _peer(peer_runs, name):
     return peer_runs[name]
 
 
+@SLOW
 @pytest.mark.parametrize("name", list(PEERS))
 def test_every_declared_difference_of_a_peer_occurs(peer_runs, name):
     backend, outcomes, _ = _peer(peer_runs, name)
@@ -77,6 +80,7 @@ def test_every_declared_difference_of_a_peer_occurs(peer_runs, name):
         assert entry["observed_in"] >= 1
 
 
+@SLOW
 @pytest.mark.parametrize("name", list(PEERS))
 def test_a_peer_fails_nothing_it_does_not_declare(peer_runs, name):
     backend, outcomes, problems = _peer(peer_runs, name)
@@ -90,6 +94,7 @@ def test_a_peer_fails_nothing_it_does_not_declare(peer_runs, name):
     assert ran and not any(CASES_BY_NAME[case].call().kwargs.get("dropout_p", 0.0) > 0 for case in ran)
 
 
+@SLOW
 def test_the_peers_verdicts(peer_runs):
     """The deviations the built-ins are known for, found by running them."""
     want = {
@@ -109,6 +114,7 @@ def test_the_peers_verdicts(peer_runs):
         assert verdict(backend, outcomes, problems) == want[name]
 
 
+@SLOW
 def test_the_readme_peer_table_is_the_generated_one(peer_runs):
     missing = [n for n in PEERS if n not in peer_runs]
     if missing:
@@ -337,6 +343,7 @@ def test_the_peers_map_grouped_query_heads_as_the_spec(capsys, peer):
     assert re.search(rf"{peer}: \d+ passed, 0 failed", out), out
 
 
+@SLOW  # flex_attention compiles each case's score_mod on a CPU: ~6.5 s
 def test_flex_attention_meets_the_blockwise_variants_but_reads_unread_keys(capsys):
     """FlexAttention with the variants as one ``score_mod`` in the spec's order, and
     ``enable_gqa``: (out, lse) of every GQA, soft-cap and ALiBi case, fully masked rows included."""

@@ -21,6 +21,7 @@ import numpy_ref
 from conformance.backends.numpy_backend import NumpyBackend
 from conformance.runner import Session, load_all
 
+from ..tiers import SLOW
 from .mutants import MUTANTS, MUTANTS_BY_NAME, backend_class, catch_table, failing, swapped
 
 
@@ -28,6 +29,10 @@ def _params():
     for m in MUTANTS:
         marks = [pytest.mark.xfail(strict=True, reason=f"no case catches it: {m.escape}")] if m.escape else []
         yield pytest.param(m.name, marks=marks, id=m.name)
+
+
+def _caught():
+    return [m.name for m in MUTANTS if not m.escape]
 
 
 def test_the_reference_itself_passes_every_case():
@@ -47,6 +52,22 @@ def test_there_are_at_least_30_mutants_over_every_kind_of_bug():
             "grad", "activation", "encoder", "dtype"} <= families
 
 
+@pytest.mark.parametrize("name", _caught())
+def test_mutant_fails_its_catching_cases_and_passes_its_spared_ones(name):
+    """The fast tier's power check: only the cases the reasoning names are run
+    (a few per mutant instead of the whole catalog)."""
+    mutant = MUTANTS_BY_NAME[name]
+    named = mutant.catches | mutant.spares
+    failed = failing(name, only=frozenset(named))
+    missed = sorted(mutant.catches - failed.keys())
+    assert not missed, f"{name}: expected these cases to catch it, they pass: {missed}"
+    wrongly = {c: failed[c] for c in mutant.spares if c in failed}
+    assert not wrongly, f"{name}: cases that cannot see the bug fail: {wrongly}"
+
+
+# the whole float64 catalog per mutant, ~1.5 s each (an escape is only shown to escape
+# by every case passing): the slow tier, which .ci/run runs
+@SLOW
 @pytest.mark.parametrize("name", list(_params()))
 def test_mutant_fails_the_named_cases(name):
     mutant = MUTANTS_BY_NAME[name]
@@ -83,6 +104,7 @@ def test_a_mutant_backend_is_a_conformance_backend():
     assert cls.name == "mutant-scale-ignored-when-given"
 
 
+@SLOW  # every mutant over the whole catalog (shares failing()'s cache with the test above)
 def test_family_table_counts_every_caught_mutant(capsys):
     rows = catch_table(level=1)
     caught = [m for m in MUTANTS if failing(m.name)]

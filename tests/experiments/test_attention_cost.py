@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("torch")
 
 from experiments import attention_cost  # noqa: E402
+from ..tiers import SLOW  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +24,7 @@ def _finite(x):
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+@SLOW  # uses the module's --quick run (6 s); .ci/run runs it
 def test_json_has_both_studies_with_finite_numbers(quick):
     out, _ = quick
     data = json.loads((out / "attention_cost.json").read_text())
@@ -50,6 +52,7 @@ def test_json_has_both_studies_with_finite_numbers(quick):
         assert all(_finite(x) and x > 0 for x in r["recompute_over_cached"])
 
 
+@SLOW  # uses the module's --quick run (6 s); .ci/run runs it
 def test_dense_memory_grows_with_length_and_faster_than_blockwise(quick):
     _, data = quick
     series = {(s["impl"], s["causal"]): s for s in data["blockwise"]}
@@ -63,6 +66,7 @@ def test_dense_memory_grows_with_length_and_faster_than_blockwise(quick):
             assert dense["memory_bytes"][-1] > block["memory_bytes"][-1]
 
 
+@SLOW  # uses the module's --quick run (6 s); .ci/run runs it
 def test_kv_cache_size_is_counted_from_the_decode_shape(quick):
     _, data = quick
     c = data["kv_cache"]
@@ -71,6 +75,7 @@ def test_kv_cache_size_is_counted_from_the_decode_shape(quick):
     assert c["cross_bytes"] == 2 * s["layers"] * s["B"] * s["S"] * s["D"] * 4
 
 
+@SLOW  # uses the module's --quick run (6 s); .ci/run runs it
 def test_from_json_reads_the_same_benchmark_back(quick, tmp_path):
     out, data = quick
     again = attention_cost.main(["--from-json", str(out / "attention_cost_bench.json"),
@@ -80,6 +85,7 @@ def test_from_json_reads_the_same_benchmark_back(quick, tmp_path):
     assert not (tmp_path / "attention_cost_bench.json").exists()  # nothing was run
 
 
+@SLOW  # uses the module's --quick run (6 s); .ci/run runs it
 def test_figure_and_tables(quick):
     pytest.importorskip("matplotlib")
     out, data = quick

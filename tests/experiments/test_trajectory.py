@@ -10,6 +10,8 @@ import pytest
 
 from experiments import trajectory as T
 
+from ..tiers import SLOW
+
 QUICK = ["--quick", "--seed", "0"]
 
 
@@ -17,6 +19,7 @@ def _finite(values):
     return all(isinstance(v, float) and math.isfinite(v) for v in values)
 
 
+@SLOW  # three backends' quick trajectories plus float32 (4-5 s); .ci/run runs it
 def test_quick_run_the_three_float64_trajectories_conform_and_float32_drifts_further(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("jax")
@@ -129,6 +132,7 @@ def test_torch_optim_kernels_round_like_one_formula_or_the_other():
         assert max(counts.values()) > 0, (op, counts)  # and the two formulas differ on these inputs
 
 
+@SLOW  # a numpy+jax quick run, JAX compiling (2-4 s); the torch ones stay fast; .ci/run runs it
 def test_jax_without_the_gradient_clipping_is_caught(tmp_path, capsys, monkeypatch):
     pytest.importorskip("jax")
     clip = T.jax_clip

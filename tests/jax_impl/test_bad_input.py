@@ -7,6 +7,9 @@ and dtype errors are raised at trace time with the same message; value
 checks that need concrete arrays (``0 <= lengths <= max_len``) are eager
 only. Then the JAX-only rules: ``dropout_p > 0`` needs a key or a mask, and
 ``max_len`` must be static under ``jit``.
+
+Tiers (tests/tiers.py): both bad-call sweeps run the first case of each
+function in the fast tier and the rest ``slow``.
 """
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ import jax_impl as ji  # noqa: E402
 import numpy_ref as nr  # noqa: E402
 
 from ..dims import A, B, D, DH, DK, DQ, DV, FF, H, LK, LQ  # noqa: E402
+from ..tiers import first_of_each  # noqa: E402
 from .conftest import STATIC, jitted, to_jax  # noqa: E402
 
 F32, I64 = np.float32, np.int64
@@ -172,7 +176,7 @@ def _raised(package, function, kwargs, convert=False):
     return type(info.value), str(info.value)
 
 
-@pytest.mark.parametrize("case", BAD)
+@pytest.mark.parametrize("case", first_of_each(BAD, key=lambda values: BAD[values[0]][0]))
 def test_bad_call_raises_the_same_exception_and_message_as_numpy_ref(case):
     function, kwargs = BAD[case]
     want = _raised(nr, function, kwargs)
@@ -185,7 +189,7 @@ TRACEABLE = [c for c, (f, kw) in BAD.items()
              if f not in ("padding_mask", "causal_mask", "combine_masks", "mask_to_bias", "sinusoidal_encoding")]
 
 
-@pytest.mark.parametrize("case", TRACEABLE)
+@pytest.mark.parametrize("case", first_of_each(TRACEABLE, key=lambda values: BAD[values[0]][0]))
 def test_under_jit_the_same_error_is_raised_at_trace_time(case):
     function, kwargs = BAD[case]
     want = _raised(nr, function, kwargs)

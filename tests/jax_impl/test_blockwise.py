@@ -12,6 +12,9 @@ semantics overlap ours, with each measured difference pinned by a test.
 
 Every program is jitted once per static configuration (``_program``): XLA
 compile time, not arithmetic, is what these tests spend.
+
+Tiers (tests/tiers.py): each compiling sweep runs its first case in the fast
+tier and the rest ``slow``; the bad-input sweeps (tracing only) stay fast.
 """
 import functools
 from typing import NamedTuple
@@ -28,6 +31,7 @@ from numpy_ref._contract import blocks as _blocks  # noqa: E402
 from numpy_ref._contract.checks import ALIGNS  # noqa: E402
 
 from ..dims import B, DH, DV, H, LK, LQ  # noqa: E402
+from ..tiers import SLOW, first_of_each  # noqa: E402
 
 TOL = dict(rtol=1e-12, atol=1e-12)  # float64, blockwise vs dense: summation order only
 ORACLE_TOL = dict(rtol=2e-6, atol=2e-6)  # jax.nn.dot_product_attention's softmax runs in float32
@@ -178,7 +182,7 @@ def _dense(case, arrays, cts):
     return forward_and_grads(dense, arrays, case.statics(), cts)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", first_of_each([(x,) for x in CASES], key=lambda values: 0), ids=[c.name for c in CASES])
 def test_out_lse_and_gradients_equal_the_dense_attention_in_float64(case, rng):
     arrays = case.arrays(rng)
     cts = _cotangents(rng, arrays)
@@ -204,7 +208,7 @@ def test_rows_without_a_valid_score_give_zero_and_minus_inf_with_zero_gradients(
     assert (grads["q"][empty] == 0).all()
 
 
-@pytest.mark.parametrize("block_q, block_k", [(1, 2), (3, 5), (5, 1)])
+@pytest.mark.parametrize("block_q, block_k", first_of_each([(1, 2), (3, 5), (5, 1)], key=lambda values: 0))
 def test_every_block_size_gives_the_same_outputs(block_q, block_k, rng):
     case = Case("sweep", causal=True, window=(3, None), align="bottom_right", mask="random", bias="full")
     arrays = case.arrays(np.random.default_rng(1))
@@ -227,7 +231,7 @@ NAN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", NAN_CASES, ids=[c.name for c in NAN_CASES])
+@pytest.mark.parametrize("case", first_of_each([(x,) for x in NAN_CASES], key=lambda values: 0), ids=[c.name for c in NAN_CASES])
 def test_nan_where_nothing_may_read_reaches_no_output_and_no_gradient(case, rng):
     arrays = case.arrays(rng)
     cts = _cotangents(rng, arrays)
@@ -253,7 +257,7 @@ HALF_CASE = Case("half", causal=True, window=(3, None), align="bottom_right", ma
                  Lq=9, Lk=11, block_q=4, block_k=3)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", first_of_each(["float32", "bfloat16"], key=lambda values: 0))
 def test_half_precision_is_no_further_from_the_float64_truth_than_dense(dtype, rng):
     arrays64 = HALF_CASE.arrays(rng)
     cts = _cotangents(rng, arrays64)
@@ -375,7 +379,7 @@ OVERLAP = {
 }
 
 
-@pytest.mark.parametrize("Lq, Lk, ours, theirs", OVERLAP.values(), ids=list(OVERLAP))
+@pytest.mark.parametrize("Lq, Lk, ours, theirs", first_of_each(OVERLAP.values(), key=lambda values: 0), ids=list(OVERLAP))
 def test_jax_nn_dot_product_attention_agrees_where_its_semantics_are_ours(Lq, Lk, ours, theirs, rng):
     q, k, v = (jnp.asarray(rng.normal(size=(B, H, L, DH))) for L in (Lq, Lk, Lk))  # it needs Dv = Dk
     d_out = jnp.asarray(rng.normal(size=(B, H, Lq, DH)))
@@ -395,6 +399,7 @@ def test_jax_nn_dot_product_attention_agrees_where_its_semantics_are_ours(Lq, Lk
         np.testing.assert_allclose(g, w, **ORACLE_TOL, err_msg=name)
 
 
+@SLOW  # jax.nn's and our VJPs compiled over many rows: ~2-6 s; CI runs it (-m slow)
 def test_jax_nn_dot_product_attention_differs_on_rows_that_see_no_key(rng):
     # window (0, 0) with Lq > Lk, top_left: rows Lk .. Lq-1 see no key
     q, k, v = (jnp.asarray(rng.normal(size=(B, H, L, DH))) for L in (LK, LQ, LQ))

@@ -16,6 +16,10 @@ encoder-decoder Transformer, its loss and its decoders.
 
 Few shapes, few compiles: the machine running the suite is small. Sizes from
 ``tests/dims.py``: B=2, H=3, D=12, F=20, target L=5, source S=7.
+
+Tiers (tests/tiers.py): each sweep runs its first case in the fast tier and
+the rest ``slow``; the single checks that compile for seconds are ``SLOW``
+(each says so).
 """
 import functools
 
@@ -33,6 +37,7 @@ from numpy_ref._contract.checks import DECODER_DROPOUT_SITES  # noqa: E402
 from ..dims import B, D, FF, H  # noqa: E402
 from ..dims import LK as S  # noqa: E402
 from ..dims import LQ as L  # noqa: E402
+from ..tiers import SLOW, first_of_each  # noqa: E402
 from .conftest import F64_OUT, flatten, jax_vjp, to_jax, to_numpy, tree_map  # noqa: E402
 
 F64_GRAD = F64_OUT  # the published float64 row is the same for outputs and gradients
@@ -74,7 +79,7 @@ def _close(got, want, tol, what=""):
 # decoder layer and stack against numpy_ref
 
 
-@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+@pytest.mark.parametrize("norm_first", first_of_each([False, True], key=lambda values: 0), ids=["post-norm", "pre-norm"])
 def test_decoder_layer_and_its_gradients_equal_numpy_ref(rng, norm_first):
     """Outputs, both weights and every gradient, float64, with dropout at all
     six sites (explicit keep-masks), a causal and padded self mask and a
@@ -102,6 +107,7 @@ def test_decoder_layer_and_its_gradients_equal_numpy_ref(rng, norm_first):
         _close(grads[name], want_grads[name], F64_GRAD, name)
 
 
+@SLOW  # a two-layer stack's VJP compiled: ~2 s; CI runs it (-m slow)
 def test_decoder_stack_and_its_gradients_equal_numpy_ref(rng):
     """Two layers, a final norm, per-layer keep-masks; gradients of x, memory
     and every parameter (memory's sums over both layers)."""
@@ -136,6 +142,7 @@ def test_init_decoder_shapes_and_dtype():
 CHUNKINGS = [(L,), (0, 3, 1, 1), (1,) * L, (2, 0, 3)]
 
 
+@SLOW  # four chunkings, each its own compiled program: ~4 s a norm order; CI runs it (-m slow)
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 def test_decoder_incremental_equals_the_full_causal_pass(rng, norm_first):
     """Every chunking (an empty prefill, a 3-token prefill, singles, a step
@@ -155,6 +162,7 @@ def test_decoder_incremental_equals_the_full_causal_pass(rng, norm_first):
                f"{chunks} vs numpy_ref")
 
 
+@SLOW  # a cached pass per chunk compiled: ~2 s; CI runs it (-m slow)
 def test_memory_mask_rows_are_sliced_per_chunk(rng):
     """A memory mask with a query axis of size L: each step reads its rows."""
     x, memory = _inputs(rng)
@@ -167,6 +175,7 @@ def test_memory_mask_rows_are_sliced_per_chunk(rng):
     assert max_error(to_numpy(got), to_numpy(full)) <= LAW_TOL
 
 
+@SLOW  # four chunkings compiled in float32: ~3 s; CI runs it (-m slow)
 def test_float32_cached_pass_is_as_accurate_as_the_full_pass(rng):
     """float32 has no 1e-12 law: judged as any backend is (conformance.tolerances):
     against the float64 truth, ``K`` times the error of numpy_ref's float32
@@ -187,6 +196,7 @@ def test_float32_cached_pass_is_as_accurate_as_the_full_pass(rng):
         _close(to_numpy(got), want, dict(rtol=rtol, atol=atol), f"float32 {chunks}")
 
 
+@SLOW  # the VJP of a cached pass compiled: ~4 s; CI runs it (-m slow)
 def test_gradients_through_the_cache_equal_the_full_pass(rng):
     """``jax.vjp`` through ``dynamic_update_slice`` (prefill 2, then 1, then 2)
     equals the full causal pass's gradients (to 1e-12 relative) and
@@ -236,6 +246,7 @@ def test_decoder_layer_steps_equal_the_causal_decoder_layer(rng):
     assert max_error(to_numpy(jnp.concatenate(outs, 1)), to_numpy(want)) <= LAW_TOL
 
 
+@SLOW  # cached and full passes with their VJPs compiled: ~5 s; CI runs it (-m slow)
 def test_unfilled_slots_and_padded_memory_are_never_read(rng):
     """NaN in the cache's slots beyond ``length`` and in the padded memory
     rows: the outputs are finite and bit for bit those of a clean run
@@ -383,7 +394,7 @@ def _transformer_keep_masks(rng, p):
             "encoder": [draw(enc)], "decoder": [draw(dec), draw(dec)]}
 
 
-@pytest.mark.parametrize("tie_embeddings,norm_first,dropout_p", [(False, False, 0.1), (True, True, 0.0)],
+@pytest.mark.parametrize("tie_embeddings,norm_first,dropout_p", first_of_each([(False, False, 0.1), (True, True, 0.0)], key=lambda values: 0),
                          ids=["untied-post-dropout", "tied-pre"])
 def test_transformer_and_its_gradients_equal_numpy_ref(rng, tie_embeddings, norm_first, dropout_p):
     """Logits and every parameter's gradient (embeddings by scatter-add; tied:
@@ -404,7 +415,7 @@ def test_transformer_and_its_gradients_equal_numpy_ref(rng, tie_embeddings, norm
         _close(grads[name], want[name], F64_GRAD, name)
 
 
-@pytest.mark.parametrize("ignore_index,label_smoothing", [(None, 0.0), (2, 0.1)])
+@pytest.mark.parametrize("ignore_index,label_smoothing", first_of_each([(None, 0.0), (2, 0.1)], key=lambda values: 0))
 def test_cross_entropy_and_its_gradient_equal_numpy_ref(rng, ignore_index, label_smoothing):
     logits = 3 * rng.normal(size=(B, L, VT))
     targets = rng.integers(0, VT, size=(B, L))
@@ -456,6 +467,7 @@ def model():
                 greedy=greedy, tokens=tokens)
 
 
+@SLOW  # two decode loops compiled: ~5 s; CI runs it (-m slow)
 def test_greedy_decode_with_and_without_the_cache_jitted(model):
     """One jitted ``lax.scan`` each: the cached loop (a ``T = 1`` step per
     position) and the recomputing one emit the same tokens, numpy_ref's
@@ -489,6 +501,7 @@ def test_logits_never_depend_on_later_target_tokens_under_jit(rng):
         assert (moved[:, t + 1:] != base[:, t + 1:]).any()
 
 
+@SLOW  # a vmapped decode loop compiled: ~2-3 s; CI runs it (-m slow)
 def test_sample_decode_draws_from_the_softmax(model):
     """jitted and vmapped over 4000 keys: the first token's frequencies match ``softmax(logits_0)`` within 5
     standard errors; a tiny temperature gives the greedy tokens."""

@@ -12,6 +12,9 @@ difference ill-conditioned) and ``dropout/inf-dropped`` (an infinite input).
 Non-finite input entries (``-inf`` scores and biases) are held fixed: the
 check perturbs the finite ones. Each case is jitted once with its
 configuration closed over, so the many evaluations of the check run compiled.
+
+Tiers (tests/tiers.py): the fast tier checks the first case of each order
+(in ``ORDER``'s order); the other cases are ``slow``.
 """
 import pytest
 
@@ -23,6 +26,7 @@ import jax_impl as ji  # noqa: E402
 from conformance.cases import CASES_BY_NAME  # noqa: E402
 from conformance.protocol import get_path  # noqa: E402
 
+from ..tiers import first_of_each  # noqa: E402
 from .conftest import set_path, to_jax  # noqa: E402
 
 MODES = ("fwd", "rev")
@@ -69,7 +73,7 @@ def _differentiable(name):
     return f, diff
 
 
-@pytest.mark.parametrize("case", ORDER)
+@pytest.mark.parametrize("case", first_of_each(ORDER, key=lambda values: ORDER[values[0]]))
 def test_jax_derivatives_match_finite_differences(case):
     f, diff = _differentiable(case)
     check_grads(jax.jit(f), (diff,), order=ORDER[case], modes=MODES)

@@ -5,6 +5,10 @@ function names, the same arrays, the same bad-input messages), round-trips
 exactly, and lets ``jax.vjp`` map gradients from one layout to the other.
 With PyTorch installed, a built-in ``nn.TransformerEncoderLayer`` loaded
 with our weights gives our ``encoder_layer``'s output.
+
+Tiers (tests/tiers.py): the torch encoder-layer comparison runs its first
+case in the fast tier and the other ``slow``; the rest compiles little and
+stays fast.
 """
 import numpy as np
 import pytest
@@ -18,6 +22,7 @@ from jax_impl import interop  # noqa: E402
 from numpy_ref import interop as nr_interop  # noqa: E402
 
 from ..dims import B, D, DH, FF, H, LK, LQ  # noqa: E402
+from ..tiers import first_of_each  # noqa: E402
 from .conftest import flatten, to_jax  # noqa: E402
 
 TORCH_LAYER_KEYS = {
@@ -136,7 +141,7 @@ def torch():
     return pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+@pytest.mark.parametrize("norm_first", first_of_each([False, True], key=lambda values: 0), ids=["post-norm", "pre-norm"])
 def test_torch_encoder_layer_with_our_weights_gives_our_encoder_layer(torch, norm_first, rng):
     params = to_jax(layer_params(rng))
     x = rng.normal(size=(B, LQ, D))

@@ -4,6 +4,10 @@ Every public function runs under ``jax.jit`` with its configuration static
 (``conftest.STATIC``) and agrees with its eager call; changing only array
 *values* never retraces; ``vmap`` over an extra leading axis equals the
 stacked per-slice calls.
+
+Tiers (tests/tiers.py): of the jit-versus-eager sweep the fast tier runs the
+first public function (alphabetically) of each jax_impl module and of the
+interop; the rest is ``slow``.
 """
 import importlib
 
@@ -19,6 +23,7 @@ from jax_impl import interop  # noqa: E402
 from numpy_ref import interop as nr_interop  # noqa: E402
 
 from ..dims import A, B, D, DH, DK, DQ, DV, FF, H, LK, LQ  # noqa: E402
+from ..tiers import first_of_each  # noqa: E402
 from .conftest import STATIC, jitted, to_jax, to_numpy  # noqa: E402
 
 TOL = dict(rtol=1e-12, atol=1e-13)  # the same float64 program, fused or not
@@ -226,7 +231,12 @@ def test_every_public_function_has_a_jit_call_and_static_arguments():
 PYTHON_ONLY = ("block_schedule", "shard_positions", "ring_schedule")
 
 
-@pytest.mark.parametrize("name", [name for name in PUBLIC if name not in PYTHON_ONLY])
+#: the module that defines each public function ("interop" for the interop's)
+MODULE_OF = {name: m for m in MODULES for name in importlib.import_module(f"jax_impl.{m}").__all__}
+
+
+@pytest.mark.parametrize("name", first_of_each([name for name in PUBLIC if name not in PYTHON_ONLY],
+                                               key=lambda values: MODULE_OF.get(values[0], "interop")))
 def test_jitted_and_eager_results_agree(name, rng):
     args, kwargs = _calls(rng)[name]
     args, kwargs = to_jax(list(args)), to_jax(kwargs)

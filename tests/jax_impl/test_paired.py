@@ -12,6 +12,11 @@ same cases:
 - outputs and gradients keep the dtype they were given (the adapter hands
   back float64 whatever JAX returned). Only shapes and dtypes are asked
   for, so ``jax.eval_shape`` traces each case without compiling it.
+
+Tiers (tests/tiers.py): the dtype check's fast sample is the first case of
+each function in one dtype, float32 and bfloat16 taking turns function by
+function (in catalog order); every other (case, dtype) is ``slow``. The
+exact checks are cheap (no compile) and all stay fast.
 """
 import numpy as np
 import pytest
@@ -24,6 +29,7 @@ from conformance.cases import CASES, NOT_DIFFERENTIABLE  # noqa: E402
 from conformance.invoke import name_outputs, numpy_forward, split_args  # noqa: E402
 from conformance.protocol import FLOAT32_OUTPUTS, get_path  # noqa: E402
 
+from ..tiers import first_of_each, slow  # noqa: E402
 from .conftest import set_path, to_jax, to_numpy  # noqa: E402
 
 VALUES = [c for c in CASES if c.error is None]
@@ -51,8 +57,20 @@ def test_masks_and_tables_equal_numpy_ref_exactly(case):
         np.testing.assert_array_equal(to_numpy(value), want[name], err_msg=name)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("case", VALUES, ids=lambda c: c.name)
+DTYPES = ("float32", "bfloat16")
+
+
+def _dtype_sweep():
+    """Every (case, dtype), ids as the stacked parametrize gave them; fast: the
+    first case of each function, in ``DTYPES[i % 2]`` for the i-th function."""
+    turn = {f: i % len(DTYPES) for i, f in enumerate(dict.fromkeys(c.function for c in VALUES))}
+    params = [pytest.param(c, d, id=f"{c.name}-{d}") if d == DTYPES[turn[c.function]]
+              else slow(pytest.param(c, d, id=f"{c.name}-{d}"))
+              for c in VALUES for d in DTYPES]
+    return first_of_each(params, key=lambda values: values[0].function)
+
+
+@pytest.mark.parametrize(("case", "dtype"), _dtype_sweep())
 def test_outputs_and_gradients_keep_the_input_dtype(case, dtype):
     dtype = jnp.dtype(dtype)
     call, args, kw = _inputs(case, dtype)

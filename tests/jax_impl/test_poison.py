@@ -7,6 +7,10 @@ bit-identical outputs and gradients, gradient exactly 0 at the poison,
 nothing non-finite. This is JAX's ``where`` trap checked: the zeroing
 ``jnp.where`` must come before every product, since after one the VJP of the
 unselected branch is ``0 * NaN = NaN``.
+
+Tiers (tests/tiers.py): the fast sample is the first poison case of each
+function, in one of the three (mode, dtype) runs, taken in turn function by
+function (catalog order); every other (case, mode, dtype) is ``slow``.
 """
 import numpy as np
 import pytest
@@ -19,6 +23,7 @@ from conformance.invoke import split_args  # noqa: E402
 from conformance.protocol import output_names  # noqa: E402
 
 from ..poison import POISON, assert_unread, clean_twin  # noqa: E402
+from ..tiers import first_of_each, slow  # noqa: E402
 from .conftest import catalog, flatten, set_path, to_jax, to_numpy  # noqa: E402
 
 
@@ -55,8 +60,19 @@ def runner(call, dtype, jit):
     return run
 
 
-@pytest.mark.parametrize(("mode", "dtype"), [("eager", "float64"), ("jit", "float64"), ("jit", "float32")])
-@pytest.mark.parametrize("case", POISON, ids=lambda c: c.name)
+RUNS = (("eager", "float64"), ("jit", "float64"), ("jit", "float32"))
+
+
+def _sweep():
+    """Every (case, mode, dtype), ids as the stacked parametrize gave them; fast: the
+    first case of each function, in ``RUNS[i % 3]`` for the i-th function."""
+    turn = {f: i % len(RUNS) for i, f in enumerate(dict.fromkeys(c.function for c in POISON))}
+    params = [pytest.param(c, m, d, id=f"{c.name}-{m}-{d}") for c in POISON for m, d in RUNS]
+    params = [p if p.values[1:] == RUNS[turn[p.values[0].function]] else slow(p) for p in params]
+    return first_of_each(params, key=lambda values: values[0].function)
+
+
+@pytest.mark.parametrize(("case", "mode", "dtype"), _sweep())
 def test_poison_no_query_may_attend_reaches_no_output_and_no_gradient(case, mode, dtype, rng):
     call = case.call()
     run = runner(call, jnp.dtype(dtype), jit=mode == "jit")

@@ -16,6 +16,10 @@
 
 Sizes, each a different number: B=3, L=5, I=4, Hs=6 (3Hs=18); the
 encoder-decoder Ls=5, T=4, E=7, A=8, Vt=10, Vs=11 (as tests/numpy_ref).
+
+Tiers (tests/tiers.py): the layer and encoder-decoder sweeps run their first
+case (for each kind of cell or model) in the fast tier and the rest ``slow``;
+the bad-input sweeps (tracing only) stay fast.
 """
 import numpy as np
 import pytest
@@ -29,6 +33,7 @@ from jax_impl import interop  # noqa: E402
 from numpy_ref import interop as nr_interop  # noqa: E402
 
 from .conftest import flatten, jax_vjp, to_jax, to_numpy  # noqa: E402
+from ..tiers import first_of_each  # noqa: E402
 
 B, L, I, HS = 3, 5, 4, 6
 LS, T, E, A, VT, VS = 5, 4, 7, 8, 10, 11
@@ -88,7 +93,7 @@ LAYER_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", LAYER_CASES)
+@pytest.mark.parametrize("case", first_of_each(LAYER_CASES, key=lambda values: 0))
 @pytest.mark.parametrize("kind", ["rnn", "gru"])
 def test_layer_outputs_and_vjp_equal_numpy_ref(kind, case, rng):
     Lx, lengths, with_h0 = LAYER_CASES[case]
@@ -108,7 +113,7 @@ def test_layer_outputs_and_vjp_equal_numpy_ref(kind, case, rng):
             np.testing.assert_array_equal(h_n[np.asarray(lengths) == 0], kwargs["h0"][np.asarray(lengths) == 0])
 
 
-@pytest.mark.parametrize("src_lengths", [(5, 0, 1), None], ids=["padded", "unpadded"])
+@pytest.mark.parametrize("src_lengths", first_of_each([(x,) for x in [(5, 0, 1), None]], key=lambda values: 0), ids=["padded", "unpadded"])
 @pytest.mark.parametrize("attention", [False, True], ids=["fixed-context", "attention"])
 def test_encoder_decoder_logits_and_vjp_equal_numpy_ref(attention, src_lengths, rng):
     kwargs = _s2s(rng, attention, src_lengths)

@@ -18,6 +18,11 @@ Every program is jitted once per configuration (``_ring_program``): XLA
 compile time, not arithmetic, is what these tests spend, so the ring cases
 are a dozen hand-picked configurations that cover each dimension, not
 their product.
+
+Tiers (tests/tiers.py): of the ring sweep the fast tier runs ``RINGS[4]``,
+the configuration the NaN test compiles too (one program serves both), and
+of the head/batch sweep the first (two devices); the rest is ``slow``, as
+are the single checks that compile a ring of their own for seconds.
 """
 import collections
 import functools
@@ -34,6 +39,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_impl as ji  # noqa: E402
 import numpy_ref as nr  # noqa: E402
+
+from ..tiers import SLOW, first_of_each, slow  # noqa: E402
 
 DEVICES = 8
 pytestmark = pytest.mark.skipif(
@@ -200,7 +207,8 @@ def test_merge_attention_and_its_gradients_are_numpy_refs(rng):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", RINGS, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("case", [c if c is RINGS[4] else slow(c) for c in RINGS],
+                         ids=lambda c: "-".join(map(str, c)))
 def test_ring_equals_numpy_refs_ring_and_blockwise(case, rng):
     arrays = case.arrays(rng)
     cts = _cotangents(rng, arrays)
@@ -237,6 +245,7 @@ def test_nan_in_unread_keys_reaches_no_output_and_no_gradient(rng):
         np.testing.assert_array_equal(grads[name], clean[1][name])  # 0 on the unread keys
 
 
+@SLOW  # compiles RINGS[6], a ring the fast tier skips: ~2 s; CI runs it (-m slow)
 def test_a_fully_masked_causal_bottom_right_ring_has_rows_with_no_key(rng):
     # Lq > Lk, bottom_right: the first Lq - Lk rows see nothing (the schedule skips their steps)
     case = RINGS[6]
@@ -275,7 +284,7 @@ def test_ring_of_one_device_and_a_given_mesh(rng):
     assert _worst(np.asarray(got[0]), want[0]) <= 1e-12 and _worst(np.asarray(got[1]), want[1]) <= 1e-12
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("layout", first_of_each(["contiguous", "zigzag"], key=lambda values: 0))
 def test_the_ring_only_passes_blocks_to_its_neighbours(layout, rng):
     # compiled HLO, N = 4: k and v rotate in the step loop (2 collective-permutes, once in the HLO);
     # zigzag adds 2 per tensor to trade half-blocks (q, k, v in; out, lse back): 2 + 6 + 4
@@ -290,6 +299,7 @@ def test_the_ring_only_passes_blocks_to_its_neighbours(layout, rng):
         assert x.sharding.is_equivalent_to(NamedSharding(x.sharding.mesh, spec), x.ndim)
 
 
+@SLOW  # a ring and a blockwise VJP compiled per dtype: ~2-4 s each; CI runs it (-m slow)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_half_precision_is_no_further_from_the_float64_truth_than_one_device(dtype, rng):
     case = Ring(4, "zigzag", True, "bottom_right", Lq=16, Lk=32, mask="pad")
@@ -357,7 +367,7 @@ SHARDED = [  # (batch_shards, head_shards, kv_heads): 2, 4 and 8 devices
 ]
 
 
-@pytest.mark.parametrize("bs,hs,kv_heads", SHARDED)
+@pytest.mark.parametrize("bs,hs,kv_heads", first_of_each(SHARDED, key=lambda values: 0))
 def test_sharded_attention_equals_numpy_refs_and_never_communicates(bs, hs, kv_heads, rng):
     case = Ring(1, Lq=8, Lk=12, mask="random", kv_heads=kv_heads)
     arrays = case.arrays(rng)
@@ -443,6 +453,7 @@ def test_bad_placement_on_the_devices(rng):
         ji.sharded_attention(q16, q16, q16, batch_shards=16)
 
 
+@SLOW  # a report over the whole ring sweep, whose 2- and 8-device cases are the slow tier's
 def test_the_worst_error_per_shard_count_is_recorded():
     """After the cases above (file order): prints the figure the issue asks for (pytest -s)."""
     if not set(WORST) >= {2, 4, 8}:

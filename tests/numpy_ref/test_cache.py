@@ -36,6 +36,7 @@ from numpy_ref import (
 from numpy_ref._checks import BFLOAT16
 from tests.dims import B, D, FF, H, LK, LQ
 
+from ..tiers import slow
 from .fd import check_backward, perturbed
 
 L, S = LQ, LK  # target 5, source 7
@@ -391,8 +392,10 @@ def _leaf_names(params):
     return names + [f"params.norm.{k}" for k in params.get("norm", {})]
 
 
-@pytest.mark.parametrize("num_layers, final_norm, norm_first, activation, chunks", GRAD_CASES.values(),
-                         ids=GRAD_CASES.keys())
+# fast tier: the 1-layer cases; the 2-layer case is slow (about 5 s)
+@pytest.mark.parametrize("num_layers, final_norm, norm_first, activation, chunks",
+                         [slow(pytest.param(*v, id=k)) if v[0] >= 2 else pytest.param(*v, id=k)
+                          for k, v in GRAD_CASES.items()])
 def test_decoder_incremental_backward_matches_finite_differences(num_layers, final_norm, norm_first,
                                                                  activation, chunks):
     """Finite differences of the *cached* forward against the backward."""

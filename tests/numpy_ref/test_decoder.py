@@ -24,6 +24,7 @@ from numpy_ref import (
 )
 from numpy_ref.decoder import DECODER_DROPOUT_SITES
 
+from ..tiers import first_of_each, slow
 from .fd import check_backward, perturbed
 
 B, L, S, D, F, H = 2, 5, 7, 12, 20, 3
@@ -149,8 +150,10 @@ def _with_weights(cotangents):
     return decoder_layer_with_weights, backward
 
 
+# fast tier: the first case of each (norm_first, return_weights) kind; the rest slow
 @pytest.mark.parametrize("self_mask, memory_mask, norm_first, activation, p, return_weights",
-                         LAYER_CASES.values(), ids=LAYER_CASES.keys())
+                         first_of_each([pytest.param(*v, id=k) for k, v in LAYER_CASES.items()],
+                                       key=lambda v: (v[2], v[5])))
 def test_decoder_layer_backward_matches_finite_differences(self_mask, memory_mask, norm_first,
                                                            activation, p, return_weights):
     rng, kwargs = _layer_case(0, self_mask, memory_mask, norm_first, activation, p)
@@ -167,7 +170,7 @@ def test_decoder_layer_backward_matches_finite_differences(self_mask, memory_mas
     _assert_key_bias_gradients_are_zero(grads["params"])
 
 
-@pytest.mark.parametrize("which", ["self", "cross"])
+@pytest.mark.parametrize("which", ["self", slow("cross")])  # fast tier: the first
 def test_decoder_layer_backward_with_one_weight_cotangent_none(which):
     # return_weights: d_out = (d_out, d_self_weights, None) or (d_out, None, d_cross_weights)
     rng, kwargs = _layer_case(1, "causal", "row-masked", False, "gelu", 0.0)
@@ -179,7 +182,8 @@ def test_decoder_layer_backward_with_one_weight_cotangent_none(which):
     check_backward(f, f_backward, kwargs, [np.array(1.0)], wrt, sample=SAMPLE)
 
 
-@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+@pytest.mark.parametrize("norm_first", [pytest.param(False, id="post-norm"),  # fast tier: the first
+                                        slow(pytest.param(True, id="pre-norm"))])
 def test_decoder_layer_backward_over_an_empty_memory(norm_first):
     # S = 0: the cross-attention reads nothing; its heads contribute 0 (see the module docstring)
     rng, kwargs = _layer_case(2, "causal", "none", norm_first, "gelu", 0.2, S=0)
@@ -207,8 +211,10 @@ STACK_CASES = {
 }
 
 
-@pytest.mark.parametrize("num_layers, norm_first, final_norm, activation, p", STACK_CASES.values(),
-                         ids=STACK_CASES.keys())
+# fast tier: the 0- and 1-layer stacks; the 2-layer stacks are slow (3-5 s each)
+@pytest.mark.parametrize("num_layers, norm_first, final_norm, activation, p",
+                         [slow(pytest.param(*v, id=k)) if v[0] >= 2 else pytest.param(*v, id=k)
+                          for k, v in STACK_CASES.items()])
 def test_decoder_backward_matches_finite_differences(num_layers, norm_first, final_norm, activation, p):
     rng = np.random.default_rng(3)
     params = perturbed(init_decoder(rng, num_layers, D, F, final_norm=final_norm), rng)

@@ -22,6 +22,7 @@ from numpy_ref import (
 )
 from numpy_ref.encoder import DROPOUT_SITES
 
+from ..tiers import first_of_each
 from .fd import check_backward, perturbed
 
 B, L, D, F, H = 2, 5, 12, 20, 3
@@ -122,7 +123,10 @@ STACK_CASES = {
 }
 
 
-@pytest.mark.parametrize("norm_first, final_norm, activation, p", STACK_CASES.values(), ids=STACK_CASES.keys())
+# fast tier: the first (cheapest, no final norm or dropout) 2-layer stack; the others slow
+@pytest.mark.parametrize("norm_first, final_norm, activation, p",
+                         first_of_each([pytest.param(*v, id=k) for k, v in STACK_CASES.items()],
+                                       key=lambda v: "stack"))
 def test_encoder_backward_matches_finite_differences(norm_first, final_norm, activation, p):
     rng = np.random.default_rng(1)
     params = perturbed(init_encoder(rng, 2, D, F, final_norm=final_norm), rng)

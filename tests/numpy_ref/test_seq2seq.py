@@ -14,6 +14,7 @@ import numpy_ref as nr
 from numpy_ref import interop
 from numpy_ref._contract.trees import flatten
 
+from ..tiers import slow
 from .fd import check_backward
 
 B, L, I, HS = 3, 5, 4, 6
@@ -135,7 +136,9 @@ def test_seq2seq_backward_matches_finite_differences(src_lengths, Tgt):
 
 @pytest.mark.parametrize("src_lengths", [None, SRC_LENGTHS], ids=["full", "padded"])
 @pytest.mark.parametrize("Tgt", [T, 1])
-@pytest.mark.parametrize("d_weights", [True, False], ids=["d_weights", "no-d_weights"])
+# fast tier: with the weights' cotangent (d_out and d_weights); d_out alone is slow
+@pytest.mark.parametrize("d_weights", [pytest.param(True, id="d_weights"),
+                                       slow(pytest.param(False, id="no-d_weights"))])
 def test_attention_seq2seq_backward_matches_finite_differences(src_lengths, Tgt, d_weights):
     rng = np.random.default_rng(6)
     kwargs = _s2s_inputs(rng, attention=True, Tgt=Tgt, src_lengths=src_lengths)

@@ -34,6 +34,7 @@ from numpy_ref import (
     self_attention_step,
 )
 
+from ..tiers import SLOW
 from .fd import check_backward, perturbed
 
 pytestmark = pytest.mark.filterwarnings("error")  # no overflow, 0/0 or inf - inf anywhere
@@ -369,8 +370,11 @@ BLOCKWISE_FD = {
 }
 
 
-@pytest.mark.parametrize("with_lse", [False, True], ids=["d_out", "d_out+d_lse"])
-@pytest.mark.parametrize("case", BLOCKWISE_FD)
+# fast tier: every variant with both cotangents (d_out+d_lse); d_out alone is slow
+@pytest.mark.parametrize("case, with_lse",
+                         [pytest.param(case, lse, id=f"{case}-{'d_out+d_lse' if lse else 'd_out'}",
+                                       marks=[] if lse else [SLOW])
+                          for case in BLOCKWISE_FD for lse in (False, True)])
 def test_blockwise_backward_with_variants_matches_finite_differences(case, with_lse):
     rng = np.random.default_rng(21)
     Lq, Lk, blocks, variant, mask_kind = BLOCKWISE_FD[case]

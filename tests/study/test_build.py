@@ -21,6 +21,8 @@ from conformance.study.builder import PAGES
 from conformance.study.highlight import function_source, highlight
 from conformance.study.pages import BLOCKS
 
+from ..tiers import SLOW
+
 BACKENDS_SHOWN = ("numpy", "torch", "jax")
 COLUMNS = ("float64", "float32", "bfloat16", "float16", "errors")
 
@@ -89,12 +91,14 @@ def live_site(tmp_path_factory):
     return out, index, time.process_time() - start
 
 
+@SLOW  # uses the module's live site build (4 s); .ci/run runs it
 def test_build_is_fast_and_returns_the_index(live_site):
     out, index, seconds = live_site
     assert index == (out / "index.html").resolve()
     assert seconds < 15, f"the build (live numpy run included) took {seconds:.1f} s of CPU"
 
 
+@SLOW  # uses the module's live site build (4 s); .ci/run runs it
 def test_every_page_exists_and_is_in_every_nav(live_site):
     out, _, _ = live_site
     names = [f for f, _ in PAGES]
@@ -113,6 +117,7 @@ def test_every_page_exists_and_is_in_every_nav(live_site):
         assert all(doc.regions) and len(set(doc.regions)) == len(doc.regions), f"{name}: region names"
 
 
+@SLOW  # uses the module's live site build (4 s); .ci/run runs it
 def test_every_relative_link_and_asset_resolves(live_site):
     out, _, _ = live_site
     docs = {p.name: _parse(p) for p in out.glob("*.html")}
@@ -131,6 +136,7 @@ def test_every_relative_link_and_asset_resolves(live_site):
     assert (out / "static" / "site.css").is_file()
 
 
+@SLOW  # uses the module's live site build (4 s); .ci/run runs it
 def test_no_web_address_in_any_generated_file(live_site):
     out, _, _ = live_site
     files = [p for p in out.rglob("*") if p.is_file()]
@@ -140,6 +146,7 @@ def test_no_web_address_in_any_generated_file(live_site):
         assert b"http://" not in data and b"https://" not in data, path
 
 
+@SLOW  # uses the module's live site build (4 s); .ci/run runs it
 def test_formula_pages_have_mathml(live_site):
     out, _, _ = live_site
     for block in BLOCKS:
@@ -148,6 +155,7 @@ def test_formula_pages_have_mathml(live_site):
         assert text.count("<math") == text.count("</math>") > 0
 
 
+@SLOW  # uses the module's live site build (4 s); .ci/run runs it
 def test_every_block_page_shows_numpy_torch_and_jax_source(live_site):
     out, _, _ = live_site
     for block in BLOCKS:
@@ -171,6 +179,7 @@ def test_highlight_keeps_the_source_exactly():
     assert highlight("x = '<b>' # </pre>\n").count("&lt;") == 2
 
 
+@SLOW  # uses the module's live site build (4 s); .ci/run runs it
 def test_shapes_of_the_tutorial_example_are_listed(live_site):
     out, _, _ = live_site
     expected = {"sdpa": ["(2, 8, 10, 10)", "(2, 8, 10, 8)"], "mha": ["(2, 10, 64)", "(2, 8, 10, 10)"],
@@ -187,6 +196,7 @@ def _badges(out: Path, page: str):
     return {(b["data-row"], b["data-backend"], b["data-column"]): b for b in _parse(out / page).badges}
 
 
+@SLOW  # uses the module's live site build (4 s); .ci/run runs it
 def test_live_badges_numpy_passes_the_others_are_not_run(live_site):
     out, _, _ = live_site
     for block in BLOCKS:

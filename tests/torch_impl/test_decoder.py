@@ -16,6 +16,7 @@ import torch_impl  # noqa: E402
 from conformance.tolerances import bounds, error_ratio, magnitude, max_error  # noqa: E402
 from numpy_ref._contract.trees import flatten, tree_map  # noqa: E402
 
+from ..tiers import first_of_each, slow  # noqa: E402
 from .conftest import to_numpy, to_torch  # noqa: E402
 
 B, H, DH, L, S, F = 2, 3, 4, 5, 7, 20
@@ -201,7 +202,9 @@ def law_setup(norm_first, seed=11):
     return params, x, memory, dict(memory_mask=src_padding(), norm_first=norm_first)
 
 
-@pytest.mark.parametrize("chunks", CHUNKINGS, ids=lambda c: "+".join(map(str, c)))
+# fast tier: the first two chunkings (one prefill, single steps); the mixed ones are slow
+@pytest.mark.parametrize("chunks", first_of_each([pytest.param(c) for c in CHUNKINGS], key=lambda v: "law", n=2),
+                         ids=lambda c: "+".join(map(str, c)))
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 def test_law_incremental_equals_causal_full_pass_with_gradients(norm_first, chunks):
     params, x, memory, kw = law_setup(norm_first)

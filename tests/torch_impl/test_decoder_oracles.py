@@ -34,6 +34,7 @@ from torch_impl import interop  # noqa: E402
 
 from conformance.tolerances import max_error  # noqa: E402
 
+from ..tiers import slow  # noqa: E402
 from .conftest import to_numpy  # noqa: E402
 
 B, L, S, D, F = 2, 5, 7, 12, 20
@@ -206,7 +207,7 @@ def layer_call(masking):
 
 
 @pytest.mark.parametrize("masking", list(MASKINGS))
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", slow("gelu")])  # fast tier: the first activation
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 def test_decoder_layer_equals_nn_transformer_decoder_layer_with_gradients(norm_first, activation,
                                                                           masking):

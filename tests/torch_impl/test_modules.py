@@ -18,6 +18,7 @@ import torch_impl as ti  # noqa: E402
 from .conftest import flatten, to_numpy  # noqa: E402
 
 from ..dims import A, B, D, DH, DK, DQ, FF, H, LK, LQ, MAX_LEN  # noqa: E402
+from ..tiers import SLOW, slow  # noqa: E402
 MHA_KEYS = ["w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o"]
 FFN_KEYS = ["w_1", "b_1", "w_2", "b_2"]
 LN_KEYS = ["gamma", "beta"]
@@ -243,8 +244,10 @@ def _gradcheck_module(module, *inputs, **kwargs):
     assert torch.autograd.gradcheck(f, (*params, *inputs), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
+# fast tier: every module but the whole stack; the stack of encoder layers (each
+# checked fast as encoder_layer) is slow (7-19 s)
 @pytest.mark.parametrize("name", ["mha", "additive", "layer_norm", "feed_forward", "learned_pos",
-                                  "positional", "encoder_layer", "encoder"])
+                                  "positional", "encoder_layer", slow("encoder")])
 def test_gradcheck_in_float64(name):
     g = torch.Generator().manual_seed(3)
 
@@ -315,7 +318,8 @@ def test_modules_in_bfloat16_keep_bfloat16_and_run_softmax_in_float32():
     assert (w.float().sum(-1) - 1).abs().max() < 2e-2
 
 
-@pytest.mark.parametrize("need_weights", [True, False], ids=["math", "fused"])
+@pytest.mark.parametrize("need_weights", [pytest.param(True, id="math"),  # fast tier: the first
+                                          slow(pytest.param(False, id="fused"))])
 def test_multi_head_attention_compiles_as_one_graph_without_breaks(need_weights):
     """Dynamo traces the checks and both paths whole (``fullgraph=True``);
     ``aot_eager`` skips code generation, which the slow test below covers."""
@@ -329,6 +333,7 @@ def test_multi_head_attention_compiles_as_one_graph_without_breaks(need_weights)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
 
 
+@SLOW  # a torch.compile of the whole encoder (3-4 s); .ci/run runs it
 def test_encoder_compiles_as_one_graph_in_training_mode_with_dropout():
     torch.manual_seed(0)
     enc = ti.TransformerEncoder(2, D, H, FF, dropout=0.3, final_norm=True).train()

@@ -45,6 +45,8 @@ import numpy_ref as nr  # noqa: E402
 import torch_impl as ti  # noqa: E402
 from numpy_ref._checks import rules as numpy_rules  # noqa: E402
 
+from ..tiers import slow  # noqa: E402
+
 TOL = dict(rtol=0.0, atol=1e-12)
 WORLDS = (1, 2, 4, 8)
 #: worst |torch - float64 truth of the rounded inputs| allowed: blockwise attention's bounds
@@ -291,7 +293,8 @@ def _errors(got, out_lse, grads):
 WORST = {}  # world -> worst error vs dense, for the report at the end of the module
 
 
-@pytest.mark.parametrize("world", WORLDS)
+# fast tier: worlds of up to 2 ranks (one ring exchange); 4 and 8 ranks are slow
+@pytest.mark.parametrize("world", [slow(w) if w > 2 else w for w in WORLDS])
 def test_ring_equals_numpy_ring_and_dense_attention_in_float64(pools, world):
     pool = pools(world)
     for name in RING_CASES:
