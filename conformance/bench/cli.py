@@ -102,11 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _preset_values(argv) -> list:
+    values = [b for a, b in zip(argv, argv[1:]) if a == "--preset"]
+    return values + [a.split("=", 1)[1] for a in argv if a.startswith("--preset=")]
+
+
 def _sharded_preset(argv) -> bool:
     """``--preset sharded`` / ``--preset=sharded-quick``: the sharded benchmark's presets."""
-    values = [b for a, b in zip(argv, argv[1:]) if a == "--preset"]
-    values += [a.split("=", 1)[1] for a in argv if a.startswith("--preset=")]
-    return any(v.startswith("sharded") for v in values)
+    return any(v.startswith("sharded") for v in _preset_values(argv))
 
 
 def _lengths_arg(text):
@@ -135,6 +138,10 @@ def _shape_arg(text):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "suite" in _preset_values(argv):  # the suite's own cost: conformance/bench/suite.py
+        from . import suite
+
+        return suite.main(argv)
     if _sharded_preset(argv):  # the ring's benchmark has options of its own: conformance/bench/sharded.py
         from . import sharded
 
