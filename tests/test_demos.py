@@ -22,8 +22,8 @@ DEMOS = ["numpy_ref", *FRAMEWORK]
 # fast tier: the first package of each sweep (numpy_ref, or torch_impl among the
 # mirrors); the other packages are slow, as is the mirror-report comparison (two
 # demo runs, 3-6 s per case)
-FAST_DEMOS = first_of_each(DEMOS, key=lambda v: "demo")
-FAST_MIRRORS = first_of_each(FRAMEWORK, key=lambda v: "mirror")
+FAST_DEMOS = first_of_each(DEMOS)
+FAST_MIRRORS = first_of_each(FRAMEWORK)
 
 # Runs ``python -m <package> <args>`` with some modules made unimportable: a
 # meta-path finder ahead of all others raises for them, as a missing

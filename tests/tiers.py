@@ -32,12 +32,17 @@ def slow(param) -> "pytest.ParameterSet":
     return pytest.param(*param.values, marks=[*param.marks, SLOW], id=param.id)
 
 
-def first_of_each(params: Iterable, key: Callable[[tuple], Hashable], n: int = 1) -> list:
+def first_of_each(params: Iterable, key: Callable[[tuple], Hashable] | None = None, n: int = 1) -> list:
     """The sweep ``params`` with all but the first ``n`` of each ``key`` group marked slow.
 
-    ``key`` receives a parameter's values (a tuple, one entry per argument name).
-    Order is kept, and parameters that are already ``slow`` do not count
-    toward a group's ``n``.
+    ``key`` receives a parameter's values (a tuple, one entry per argument name);
+    a parameter whose key is ``None`` is not sampled (it stays fast). Without a
+    ``key`` the whole sweep is one group: its first ``n`` are fast. Order is
+    kept, and parameters that are already ``slow`` do not count toward a
+    group's ``n``.
+
+    A plain tuple is taken as one parameter's values (several argument names):
+    a one-argument sweep of tuples is passed as ``[(t,) for t in sweep]``.
     """
     seen: dict = defaultdict(int)
     out = []
@@ -47,7 +52,10 @@ def first_of_each(params: Iterable, key: Callable[[tuple], Hashable], n: int = 1
         if any(m.name == "slow" for m in p.marks):
             out.append(p)
             continue
-        group = key(p.values)
+        group = key(p.values) if key is not None else ()
+        if group is None:
+            out.append(p)
+            continue
         seen[group] += 1
         out.append(p if seen[group] <= n else slow(p))
     return out

@@ -56,32 +56,30 @@ def _params():
 def _tiered(values):
     """The fast tier (tests/tiers.py) of the value sweep.
 
-    numpy, torch and torch-fused: every case in float64, the strictest judge, but
-    a case on a mesh of several devices (torch: a process group per call, ~0.35 s)
-    only as its function's first; in the other dtypes each function's first case. JAX, whose cost is XLA compiling each
-    batch: each function once, its dtype taken in turn from the backend's dtypes
-    (function i in dtype i mod 3), so every function and every dtype is compiled
-    and judged. The rest is ``slow`` (``.ci/run`` runs it), and ``python -m
-    conformance``, the README's first command, runs every case of every backend
-    in every dtype.
+    numpy, torch and torch-fused: every case in float64, the strictest judge,
+    except a case on a mesh of several devices (torch: a process group per
+    call, ~0.35 s), and each function's first case in the other dtypes and on
+    those meshes. JAX, whose cost is XLA compiling each batch: each function
+    once, its dtype taken in turn from the backend's dtypes (function i in
+    dtype i mod 3), so every function and every dtype is compiled and judged.
+    The rest is ``slow`` (``.ci/run`` runs it), and ``python -m conformance``,
+    the README's first command, runs every case of every backend in every dtype.
     """
     jax_dtypes = _declared("jax")[0]
     functions = list(dict.fromkeys(f.call.function for f in VALUES))
     turn = {fn: jax_dtypes[i % len(jax_dtypes)] for i, fn in enumerate(functions)}
 
     def group(v):
-        """What a parameter is sampled within: ``None`` runs whole, ``"slow"`` never fast."""
+        """What a parameter is sampled within; ``None``: not sampled, it stays fast."""
         name, dtype, case = v
         call = FIXTURES[case].call
         if name == "jax":
-            return (name, call.function) if dtype == turn[call.function] else "slow"
-        if dtype == "float64" and devices_needed(call) == 1:
-            return None
-        return (name, dtype, call.function)
+            return name, call.function
+        return None if dtype == "float64" and devices_needed(call) == 1 else (name, dtype, call.function)
 
-    sampled = first_of_each([p for p in values if group(p.values) not in (None, "slow")], key=group)
-    later = {p.id for p in sampled if p.marks}  # a group's second and later cases
-    return [slow(p) if group(p.values) == "slow" or p.id in later else p for p in values]
+    rotated = [slow(p) if p.values[0] == "jax" and p.values[1] != turn[FIXTURES[p.values[2]].call.function]
+               else p for p in values]
+    return first_of_each(rotated, key=group)
 
 
 VALUE_PARAMS, ERROR_PARAMS = _params()

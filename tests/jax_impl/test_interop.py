@@ -141,7 +141,7 @@ def torch():
     return pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("norm_first", first_of_each([False, True], key=lambda values: 0), ids=["post-norm", "pre-norm"])
+@pytest.mark.parametrize("norm_first", first_of_each([False, True]), ids=["post-norm", "pre-norm"])
 def test_torch_encoder_layer_with_our_weights_gives_our_encoder_layer(torch, norm_first, rng):
     params = to_jax(layer_params(rng))
     x = rng.normal(size=(B, LQ, D))

@@ -284,7 +284,7 @@ def test_ring_of_one_device_and_a_given_mesh(rng):
     assert _worst(np.asarray(got[0]), want[0]) <= 1e-12 and _worst(np.asarray(got[1]), want[1]) <= 1e-12
 
 
-@pytest.mark.parametrize("layout", first_of_each(["contiguous", "zigzag"], key=lambda values: 0))
+@pytest.mark.parametrize("layout", first_of_each(["contiguous", "zigzag"]))
 def test_the_ring_only_passes_blocks_to_its_neighbours(layout, rng):
     # compiled HLO, N = 4: k and v rotate in the step loop (2 collective-permutes, once in the HLO);
     # zigzag adds 2 per tensor to trade half-blocks (q, k, v in; out, lse back): 2 + 6 + 4
@@ -367,7 +367,7 @@ SHARDED = [  # (batch_shards, head_shards, kv_heads): 2, 4 and 8 devices
 ]
 
 
-@pytest.mark.parametrize("bs,hs,kv_heads", first_of_each(SHARDED, key=lambda values: 0))
+@pytest.mark.parametrize("bs,hs,kv_heads", first_of_each(SHARDED))
 def test_sharded_attention_equals_numpy_refs_and_never_communicates(bs, hs, kv_heads, rng):
     case = Ring(1, Lq=8, Lk=12, mask="random", kv_heads=kv_heads)
     arrays = case.arrays(rng)

@@ -67,7 +67,7 @@ ROTARY = {  # id -> (convention, rank of x, positions: None, "L" or "BL")
 }
 
 
-@pytest.mark.parametrize("convention, rank, positions", first_of_each(ROTARY.values(), key=lambda values: 0), ids=list(ROTARY))
+@pytest.mark.parametrize("convention, rank, positions", first_of_each(ROTARY.values()), ids=list(ROTARY))
 def test_rotary_embedding_and_its_gradient_equal_numpy_ref(convention, rank, positions, rng):
     x = _n(rng, *((B, HQ) if rank == 4 else (B,)), LQ, DH)
     pos = {None: None, "L": rng.integers(0, 50, LQ), "BL": rng.integers(0, 50, (B, LQ))}[positions]
@@ -142,7 +142,7 @@ def _sdpa_case(rng, Hkv, softcap):
             "mask": mask, "bias": bias, "softcap": softcap}
 
 
-@pytest.mark.parametrize("Hkv, softcap", first_of_each([(2, 1.5), (1, None), (HQ, 0.7)], key=lambda values: 0),
+@pytest.mark.parametrize("Hkv, softcap", first_of_each([(2, 1.5), (1, None), (HQ, 0.7)]),
                          ids=["gqa-softcap", "mqa", "mha-softcap"])
 def test_sdpa_with_grouped_heads_and_softcap_equals_numpy_ref_with_gradients(Hkv, softcap, rng):
     kwargs = _sdpa_case(rng, Hkv, softcap)
@@ -158,7 +158,7 @@ def test_sdpa_with_grouped_heads_and_softcap_equals_numpy_ref_with_gradients(Hkv
     _assert_grads(grads, want, ["q", "k", "v"])
 
 
-@pytest.mark.parametrize("Hkv", first_of_each([3, 2, 1], key=lambda values: 0))
+@pytest.mark.parametrize("Hkv", first_of_each([3, 2, 1]))
 def test_jax_nn_dot_product_attention_with_fewer_kv_heads_agrees(Hkv, rng):
     q = jnp.asarray(_n(rng, B, HQ, LQ, DH))
     k, v = (jnp.asarray(_n(rng, B, Hkv, LK, DH)) for _ in "kv")  # it needs Dv = Dk
@@ -213,7 +213,7 @@ BLOCKWISE = {  # id -> (Hkv, statics, slopes shape)
     "mqa/alibi-per-batch/window": (1, {"window": (2, 1)}, (B, HQ)),
     "gqa/softcap/bias-only": (3, {"softcap": 0.5, "align": "bottom_right"}, None),
 }
-FIRST_BLOCKWISE = first_of_each(BLOCKWISE.values(), key=lambda values: 0)
+FIRST_BLOCKWISE = first_of_each(BLOCKWISE.values())
 
 
 def _blockwise_case(rng, Hkv, statics, slopes):
@@ -295,7 +295,7 @@ def _structural(statics, p, j):
 
 
 @pytest.mark.parametrize("Hkv, rope, softcap", first_of_each([(2, "half", None), (1, "interleaved", None),
-                                                              (HQ, "half", None), (2, "half", 0.8)], key=lambda values: 0))
+                                                              (HQ, "half", None), (2, "half", 0.8)]))
 def test_mha_with_kv_heads_and_rope_equals_numpy_ref_with_gradients(Hkv, rope, softcap, rng):
     mask = rng.random((B, 1, LQ, LK)) < 0.8
     mask[0, :, 1] = False
@@ -311,7 +311,7 @@ def test_mha_with_kv_heads_and_rope_equals_numpy_ref_with_gradients(Hkv, rope, s
     _assert_grads(grads, want, list(grads))
 
 
-@pytest.mark.parametrize("to", first_of_each(["half", "interleaved"], key=lambda values: 0))
+@pytest.mark.parametrize("to", first_of_each(["half", "interleaved"]))
 def test_converted_params_with_the_other_rope_convention_give_the_same_attention(to, rng):
     other = {"half": "interleaved", "interleaved": "half"}[to]
     params = to_jax(_gqa_params(rng, 2))
@@ -370,7 +370,7 @@ def test_one_compiled_decode_step_serves_every_position_with_gqa_and_rope(rng):
     np.testing.assert_allclose(jnp.concatenate(outs, axis=1), _causal_mha(x, params, Hkv, rope), **TOL)
 
 
-@pytest.mark.parametrize("chunks", first_of_each([(x,) for x in [(6,), (0, 2, 1, 3), (1, 1, 1, 1, 1, 1)]], key=lambda values: 0), ids=str)
+@pytest.mark.parametrize("chunks", first_of_each([(x,) for x in [(6,), (0, 2, 1, 3), (1, 1, 1, 1, 1, 1)]]), ids=str)
 def test_self_attention_incremental_is_the_causal_pass_under_jit(chunks, rng):
     Hkv, rope = 3, "half"
     params, x = to_jax(_gqa_params(rng, Hkv)), jnp.asarray(_n(rng, B, 6, D_GQA))
@@ -380,7 +380,7 @@ def test_self_attention_incremental_is_the_causal_pass_under_jit(chunks, rng):
     np.testing.assert_allclose(out, _causal_mha(x, params, Hkv, rope), **TOL)
 
 
-@pytest.mark.parametrize("softcap", first_of_each([None, 0.6], key=lambda values: 0))
+@pytest.mark.parametrize("softcap", first_of_each([None, 0.6]))
 def test_self_attention_incremental_gradient_equals_numpy_ref(softcap, rng):
     kwargs = {"x": _n(rng, B, 5, D_GQA), "params": _gqa_params(rng, 2), "num_heads": HQ,
               "chunks": (2, 1, 2), "num_kv_heads": 2, "rope": "interleaved", "rope_base": 300.0,

@@ -125,8 +125,7 @@ STACK_CASES = {
 
 # fast tier: the first (cheapest, no final norm or dropout) 2-layer stack; the others slow
 @pytest.mark.parametrize("norm_first, final_norm, activation, p",
-                         first_of_each([pytest.param(*v, id=k) for k, v in STACK_CASES.items()],
-                                       key=lambda v: "stack"))
+                         first_of_each([pytest.param(*v, id=k) for k, v in STACK_CASES.items()]))
 def test_encoder_backward_matches_finite_differences(norm_first, final_norm, activation, p):
     rng = np.random.default_rng(1)
     params = perturbed(init_encoder(rng, 2, D, F, final_norm=final_norm), rng)

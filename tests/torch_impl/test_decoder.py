@@ -203,7 +203,7 @@ def law_setup(norm_first, seed=11):
 
 
 # fast tier: the first two chunkings (one prefill, single steps); the mixed ones are slow
-@pytest.mark.parametrize("chunks", first_of_each([pytest.param(c) for c in CHUNKINGS], key=lambda v: "law", n=2),
+@pytest.mark.parametrize("chunks", first_of_each([pytest.param(c) for c in CHUNKINGS], n=2),
                          ids=lambda c: "+".join(map(str, c)))
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 def test_law_incremental_equals_causal_full_pass_with_gradients(norm_first, chunks):
