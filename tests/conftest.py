@@ -29,3 +29,48 @@ try:  # JAX is an optional extra
     jax.config.update("jax_enable_x64", True)
 except ImportError:  # pragma: no cover - numpy-only install
     pass
+
+
+# --------------------------------------------------------------------------
+# the whole suite on every core: `python -m pytest -q` runs its files on
+# min(4, cores) pytest-xdist workers when pytest-xdist is installed (the `test`
+# extra), each test file whole on one worker (`--dist loadfile`: a module's
+# fixtures are built once, and a file's tests keep their order). Only for a run
+# of the whole suite (no file or folder named on the command line); `-n N` or
+# `-p no:xdist` decide for themselves, ATTENTION_SPEC_TEST_WORKERS=1 turns it off.
+
+
+def _workers() -> int:
+    import os
+
+    wanted = os.environ.get("ATTENTION_SPEC_TEST_WORKERS", "").strip()
+    if wanted:
+        try:
+            return max(int(wanted), 1)
+        except ValueError:
+            raise SystemExit(f"ATTENTION_SPEC_TEST_WORKERS: expected a whole number of workers, got {wanted!r}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(4, cores)
+
+
+def _names_a_path(args) -> bool:
+    import os
+
+    return any(not a.startswith("-") and os.path.exists(a.split("::", 1)[0]) for a in args)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    option = config.option
+    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
+            or getattr(option, "numprocesses", None) is not None or getattr(option, "dist", "no") != "no"
+            or option.collectonly or getattr(option, "usepdb", False)
+            or _names_a_path(config.invocation_params.args)):
+        return None
+    workers = _workers()
+    if workers > 1:
+        option.numprocesses, option.dist = workers, "loadfile"
+    return None
