@@ -1347,6 +1347,7 @@ from . import cases_decoder  # noqa: E402,F401
 from . import cases_blockwise  # noqa: E402,F401
 from . import cases_variants  # noqa: E402,F401  (GQA/MQA, RoPE, ALiBi, softcap: issue 15)
 from . import cases_sharded  # noqa: E402,F401  (the merge, the ring, head/batch sharding: issue 16)
+from . import cases_libraries  # noqa: E402,F401  (the libraries' layer shapes: issue 27)
 
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "duplicate case names"

@@ -35,6 +35,26 @@ PEERS = {
     "jax-dpa": "conformance.backends.peers:JaxDpaPeer",
     "onnx-attention": "conformance.backends.onnx_peer:OnnxAttentionPeer",
     "torch-flex": "conformance.backends.peers:TorchFlexPeer",
+    # the libraries' layers (issue 27): Hugging Face transformers, Flax NNX, Keras 3, Equinox, ONNX Runtime
+    "hf-llama-eager": "conformance.backends.hf_peers:HfLlamaEagerPeer",
+    "hf-llama-sdpa": "conformance.backends.hf_peers:HfLlamaSdpaPeer",
+    "hf-qwen2-eager": "conformance.backends.hf_peers:HfQwen2EagerPeer",
+    "hf-qwen2-sdpa": "conformance.backends.hf_peers:HfQwen2SdpaPeer",
+    "hf-gemma2-eager": "conformance.backends.hf_peers:HfGemma2EagerPeer",
+    "hf-gemma2-sdpa": "conformance.backends.hf_peers:HfGemma2SdpaPeer",
+    "hf-bert-eager": "conformance.backends.hf_peers:HfBertEagerPeer",
+    "hf-bert-sdpa": "conformance.backends.hf_peers:HfBertSdpaPeer",
+    "hf-llama-dynamic-cache": "conformance.backends.hf_peers:HfLlamaDynamicCachePeer",
+    "hf-llama-static-cache": "conformance.backends.hf_peers:HfLlamaStaticCachePeer",
+    "hf-llama-flex": "conformance.backends.hf_peers:HfLlamaFlexPeer",
+    "flax-nnx-mha": "conformance.backends.jax_library_peers:FlaxNnxMhaPeer",
+    "flax-nnx-decode": "conformance.backends.jax_library_peers:FlaxNnxDecodePeer",
+    "flax-nnx-dpa": "conformance.backends.jax_library_peers:FlaxNnxDpaPeer",
+    "keras-mha": "conformance.backends.jax_library_peers:KerasMhaPeer",
+    "equinox-mha": "conformance.backends.jax_library_peers:EquinoxMhaPeer",
+    "ort-attention": "conformance.backends.ort_peers:OrtAttentionPeer",
+    "ort-contrib-mha": "conformance.backends.ort_peers:OrtMhaPeer",
+    "ort-contrib-gqa": "conformance.backends.ort_peers:OrtGqaPeer",
 }
 
 

@@ -199,7 +199,8 @@ class TorchMhaPeer(_TorchPeer):
             "a query row with no key to attend (every key masked, or a `-inf` bias on every key) "
             "gives NaN in out and weights, and, through 0 * NaN, in every gradient but b_o's; "
             "the spec: weights 0, out = b_o, gradients finite",
-            cases="mha/cross/fully-masked or mha/cross/mask_to_bias or mha/length1/key+padding"),
+            cases="mha/cross/fully-masked or mha/cross/mask_to_bias or mha/length1/key+padding "
+                  "or mha/self/padding/empty-sequence"),
         Difference(
             "half-precision-scores",
             "in bfloat16 and float16 the scores (with the bias added) are rounded to the half dtype "

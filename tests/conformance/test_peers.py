@@ -107,6 +107,28 @@ def test_the_peers_verdicts(peer_runs):
                    "float64-softmax-in-float32",
         "onnx-attention": "conformant except: reads-unread-keys, half-precision-scores, scale-attribute-float32",
         "torch-flex": "conformant except: reads-unread-keys",
+        # the libraries' layers (issue 27; docs/LIBRARIES.md)
+        "hf-llama-eager": "conformant except: fully-masked-row-uniform",
+        "hf-llama-sdpa": "conformant",
+        "hf-qwen2-eager": "conformant except: fully-masked-row-uniform",
+        "hf-qwen2-sdpa": "conformant",
+        "hf-gemma2-eager": "conformant except: fully-masked-row-uniform",
+        "hf-gemma2-sdpa": "conformant",
+        "hf-bert-eager": "conformant except: fully-masked-row-uniform",
+        "hf-bert-sdpa": "conformant",
+        "hf-llama-dynamic-cache": "conformant",
+        "hf-llama-static-cache": "conformant",
+        "hf-llama-flex": "conformant",
+        "flax-nnx-mha": "conformant except: reads-unread-keys, fully-masked-row-mean-of-v, key-bias-gradient-rounding",
+        "flax-nnx-decode": "conformant except: key-bias-gradient-rounding",
+        "flax-nnx-dpa": "conformant except: reads-unread-keys, fully-masked-row-mean-of-v, minus-inf-bias-row-nan, "
+                        "float64-softmax-in-float32",
+        "keras-mha": "conformant except: reads-unread-keys, key-bias-gradient-rounding",
+        "equinox-mha": "conformant except: reads-unread-keys, fully-masked-row-mean-of-v, key-bias-gradient-rounding",
+        "ort-attention": "conformant except: reads-unread-keys, half-precision-scores",
+        "ort-contrib-mha": "conformant except: reads-unread-keys, fully-masked-row-unmasked, "
+                           "masked-keys-leak-large-scores, minus-inf-bias-row-nan",
+        "ort-contrib-gqa": "conformant except: reads-unread-keys, fully-masked-row-nan",
     }
     if not peer_runs:
         pytest.skip("no peer available here")
