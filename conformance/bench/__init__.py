@@ -4,13 +4,17 @@
     python -m conformance bench --quick         # CI smoke test, well under a minute
     python -m conformance.bench --preset base --device cuda --dtype bfloat16
     python -m conformance bench --preset decode --decode-lengths 128,1024,8192
+    python -m conformance bench --preset libraries  # transformers / Flax NNX layers vs the mirrors
 
 Times forward and forward+backward of scaled dot-product attention,
 multi-head attention, the encoder layer and the decoder layer for every
 implementation, and (the decode presets) one decoding step with the KV cache
 against recomputing the prefix, at several cache lengths, and (the blockwise
 presets) long-sequence attention, dense vs blockwise vs the built-ins, time
-and memory at each length, forward+backward; interleaved:
+and memory at each length, forward+backward, and (the libraries presets)
+the library layers a user would pick instead of the mirrors (transformers'
+``LlamaAttention``, Flax NNX's ``MultiHeadAttention``) as ratios to the
+mirrors; interleaved:
 within each repeat every implementation runs once, in a rotating order, so
 machine drift hits all of them alike. Reports medians with
 min-max spread, peak memory, achieved GFLOP/s against the machine's measured

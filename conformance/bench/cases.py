@@ -20,6 +20,14 @@ computes the same thing and the fused kernels are allowed to run):
   presets), forward+backward at each length ``L``, causal or not: the
   dense ``(L, L)`` attention of each mirror, its blockwise (online-softmax)
   attention, and the framework's own attention, side by side.
+- ``mha_rope_causal`` and ``mha_causal`` (the ``libraries`` presets): the
+  library layers a user would pick instead of the mirrors, next to them in
+  the same run. ``mha_rope_causal``: multi-head self-attention on
+  ``x (B, L, D)`` with the causal mask and RoPE (``"half"`` pairing, base
+  10000), torch_impl against transformers' ``LlamaAttention`` (eager and
+  sdpa); ``mha_causal``: the same without RoPE, jax_impl against Flax NNX's
+  ``nnx.MultiHeadAttention`` (it has no rotary embedding). Each library row's
+  ratio divides by the mirror's median of the same run.
 
 Modes: ``forward`` (output only, no autograd recording) and
 ``forward+backward`` (the gradient of ``sum(out * d_out)`` with respect to the
@@ -38,6 +46,9 @@ import numpy as np
 from . import runners
 
 OPS = ("sdpa", "mha", "encoder_layer", "decoder_layer")
+# the library layers' operations: what the ``libraries`` presets run (and
+# ``--op`` may name on any op preset); the value is the RoPE pairing
+LIBRARY_OPS = runners.LIBRARY_ROPE
 OP_TITLES = {
     "blockwise": "long-sequence attention, forward+backward: dense vs blockwise vs the built-ins",
     "sdpa": "scaled dot-product attention",
@@ -45,6 +56,9 @@ OP_TITLES = {
     "encoder_layer": "encoder layer (post-norm, relu)",
     "decoder_layer": "decoder layer (post-norm, relu, causal self-attention, memory length = L)",
     "decode": "one decode step: KV cache vs recomputing the prefix",
+    "mha_rope_causal": "multi-head self-attention, causal, RoPE (half): "
+                       "torch_impl vs transformers LlamaAttention",
+    "mha_causal": "multi-head self-attention, causal: jax_impl vs flax nnx.MultiHeadAttention",
 }
 MODES = ("forward", "forward+backward")
 
@@ -83,7 +97,13 @@ PRESETS = {
     "base": Shape(B=8, L=256, D=512, H=8, F=2048),
     # one long sequence: attention's L² terms dominate
     "long": Shape(B=1, L=2048, D=512, H=8, F=2048),
+    # the library layers (LIBRARY_OPS; F is not used): tiny for the tests,
+    # and a small model with Llama's head width Dh = 64 for a CPU
+    "libraries-quick": Shape(B=2, L=16, D=48, H=4, F=96),
+    "libraries": Shape(B=2, L=256, D=256, H=4, F=1024),
 }
+# the op presets that run other operations than OPS by default
+PRESET_OPS = {"libraries-quick": tuple(LIBRARY_OPS), "libraries": tuple(LIBRARY_OPS)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,6 +318,10 @@ def flops(op: str, shape, mode: str, impl: str = "") -> int:
     forward = {
         "sdpa": attention,
         "mha": attention + projections,
+        # RoPE's elementwise rotation left out, the causal mask's skipped
+        # half counted (as for decoder_layer)
+        "mha_rope_causal": attention + projections,
+        "mha_causal": attention + projections,
         "encoder_layer": attention + projections + ffn,
         "decoder_layer": 2 * (attention + projections) + ffn,
     }[op]
@@ -357,7 +381,7 @@ def make_inputs(op: str, shape: Shape, seed: int = 0) -> dict:
     if op == "sdpa":
         return {"q": normal(B, H, L, Dh), "k": normal(B, H, L, Dh),
                 "v": normal(B, H, L, Dh), "d_out": normal(B, H, L, Dh)}
-    if op == "mha":
+    if op == "mha" or op in LIBRARY_OPS:
         params = numpy_ref.init_multi_head_attention(rng, D, dtype=np.float32)
     elif op == "decoder_layer":
         params = numpy_ref.init_decoder_layer(rng, D, shape.F, dtype=np.float32)
@@ -387,8 +411,9 @@ class Impl:
     """One implementation of one operation.
 
     ``kind`` is ``"mirror"`` (this project), ``"builtin"`` (the framework's
-    own) or ``"reference"`` (plain framework code standing in where the
-    framework has no built-in). ``baseline`` names the implementation its
+    own), ``"reference"`` (plain framework code standing in where the
+    framework has no built-in) or ``"library"`` (a library's layer a user
+    would pick instead of the mirror: transformers, Flax). ``baseline`` names the implementation its
     time is divided by; ``note`` says what that ratio means.
     """
 
@@ -414,6 +439,12 @@ INFORMATIVE = "informative only: numpy vs the torch built-in"
 RECOMPUTE = "recompute / cached: what the KV cache saves per token"
 JAX_DPA_PEER = "jax.nn.dot_product_attention"
 BW_NUMPY = "informative only: numpy vs torch's fused kernel"
+HF_EAGER = "transformers LlamaAttention[eager]"
+HF_SDPA = "transformers LlamaAttention[sdpa]"
+NNX_MHA = "flax nnx.MultiHeadAttention"
+HF_NOTE = ("the library's layer / the mirror; (cos, sin) from LlamaRotaryEmbedding and the mask "
+           "from create_causal_mask made once outside the timed call (a model makes them once "
+           "for all its layers), torch_impl rotates inside the call")
 
 IMPLS = {
     "sdpa": (
@@ -490,5 +521,20 @@ IMPLS = {
              "fused only where JAX has a fused kernel (cuDNN on a GPU); "
              "on a CPU its XLA path is dense", dense="jax_impl[dense]"),
         Impl(JAX_DPA_PEER, "jax", "builtin", runners.jax_dpa_causal),
+    ),
+    # the library layers: ratio = library / mirror (above 1: the library is slower)
+    "mha_rope_causal": (
+        Impl("torch_impl[math]", "torch", "mirror", runners.torch_impl_causal("math")),
+        Impl("torch_impl[fused]", "torch", "mirror", runners.torch_impl_causal("fused")),
+        Impl(HF_EAGER, "torch", "library", runners.hf_llama("eager"), "torch_impl[math]",
+             HF_NOTE + "; both return the weights"),
+        Impl(HF_SDPA, "torch", "library", runners.hf_llama("sdpa"), "torch_impl[fused]",
+             HF_NOTE + "; the library's mask for sdpa is None (is_causal=True), the mirror "
+             "passes the bool mask"),
+    ),
+    "mha_causal": (
+        Impl("jax_impl", "jax", "mirror", runners.jax_impl_causal),
+        Impl(NNX_MHA, "jax", "library", runners.nnx_mha, "jax_impl",
+             "the library's layer / the mirror, both jitted; nnx.make_causal_mask inside"),
     ),
 }

@@ -19,10 +19,10 @@ import statistics
 import sys
 import time
 
-from .cases import (BLOCK_DEFAULTS, BLOCKWISE_PRESETS, DECODE_PRESETS, DENSE_MAX_MIB, IMPLS, OPS,
-                    PRESETS, BlockwiseShape, DecodeShape, flops, make_decode_inputs, make_inputs,
-                    op_modes, parse_block, parse_lengths, parse_mib, parse_per_framework,
-                    parse_shape)
+from .cases import (BLOCK_DEFAULTS, BLOCKWISE_PRESETS, DECODE_PRESETS, DENSE_MAX_MIB, IMPLS,
+                    LIBRARY_OPS, OPS, PRESET_OPS, PRESETS, BlockwiseShape, DecodeShape, flops,
+                    make_decode_inputs, make_inputs, op_modes, parse_block, parse_lengths,
+                    parse_mib, parse_per_framework, parse_shape)
 from .machine import header as machine_header, loadavg, measure_matmul_peak
 from .report import blockwise_goals, fmt_time, format_report, plot, plot_blockwise, plot_decode
 from .runners import Problem, Skip, time_calls
@@ -39,7 +39,9 @@ CHECK_TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2}
 # who is the reference of the check, first present first
 CHECK_REFERENCES = ("numpy_ref[dense]", "torch_impl[dense]", "jax_impl[dense]",
                     "F.scaled_dot_product_attention", "numpy_ref[blockwise]",
-                    "torch_impl[blockwise]", "jax.nn.dot_product_attention", "jax_impl[blockwise]")
+                    "torch_impl[blockwise]", "jax.nn.dot_product_attention", "jax_impl[blockwise]",
+                    # the library ops: the mirror
+                    "torch_impl[math]", "jax_impl")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,9 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="the tiny 'quick', 'decode-quick' and 'blockwise-quick' presets with "
                         "few repeats: a smoke test, not a measurement")
-    p.add_argument("--op", action="append", choices=OPS,
-                   help="operation, repeatable (default: all; given alone, the default "
-                        "presets leave out decode)")
+    p.add_argument("--op", action="append", choices=[*OPS, *LIBRARY_OPS],
+                   help="operation, repeatable (default: the preset's: "
+                        f"{', '.join(OPS)}; the libraries presets {', '.join(LIBRARY_OPS)}; "
+                        "given alone, the default presets leave out decode)")
     p.add_argument("--decode-lengths", type=_lengths_arg, metavar="N,N,...",
                    help="cache lengths for the decode presets (default: "
                         f"{','.join(map(str, DECODE_PRESETS['decode'].lengths))})")
@@ -157,7 +160,7 @@ def main(argv=None) -> int:
     for name, value in defaults.items():
         if getattr(args, name) == parser.get_default(name):
             setattr(args, name, value)
-    ops = args.op or list(OPS)
+    ops = args.op  # None: each preset's own (PRESET_OPS, else OPS)
     torch_device, jax_device = _devices(args.device)
 
     header = machine_header(argv, args, torch_device, jax_device)
@@ -309,7 +312,8 @@ def run_all(presets, ops, args, torch_device, jax_device, peak_gflops):
                 "block": _blockwise_blocks(args, shape, torch_device, jax_device),
                 "dense_max_mib": _dense_caps(args)}
         else:
-            cases += [(preset, shape, op, mode) for op in ops for mode in op_modes(op)]
+            cases += [(preset, shape, op, mode) for op in preset_ops(preset, ops)
+                      for mode in op_modes(op)]
     records, inputs_of = [], {}
     for index, (preset, shape, op, mode) in enumerate(cases, 1):
         _progress(f"[{index}/{len(cases)}] {preset} {shape.label()} · {op} · {mode}")
@@ -323,6 +327,13 @@ def run_all(presets, ops, args, torch_device, jax_device, peak_gflops):
             blockwise_options.get(preset))
         records += run_case(preset, problem, mode, args, peak_gflops)
     return records
+
+
+def preset_ops(preset, ops=None):
+    """The operations an op preset runs: ``--op``'s, else the preset's own
+    (:data:`PRESET_OPS`: the ``libraries`` presets run the library layers),
+    else :data:`OPS`."""
+    return tuple(ops or PRESET_OPS.get(preset, OPS))
 
 
 # --------------------------------------------------------------------------
@@ -427,6 +438,7 @@ def _record(preset, problem, mode, impl):
         **({"dense": impl.dense, "ratio_to_dense": None, "blocks": None, "work": None,
             "runner_note": None, "fused": None, "check": None}
            if problem.op == "blockwise" else {}),
+        **({"runner_note": None, "check": None} if problem.op in LIBRARY_OPS else {}),
     }
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pathlib
 
-from .cases import IMPLS, OP_TITLES
+from .cases import IMPLS, LIBRARY_OPS, OP_TITLES
 
 MODE_SHORT = {"forward": "fwd", "forward+backward": "f+b"}
 COLUMNS = ("impl", "mode", "median", "min - max", "GFLOP/s", "%peak", "ratio", "memory", "compile")
@@ -44,6 +44,8 @@ def format_report(report) -> str:
         for op in dict.fromkeys(r["op"] for r in rows):
             lines += ["", f"-- {OP_TITLES[op]} --", _row(COLUMNS)]
             lines += [_result_row(r) for r in rows if r["op"] == op]
+            if op in LIBRARY_OPS:
+                lines += _library_lines([r for r in rows if r["op"] == op])
     lines += ["", "ratio = median / baseline median (above 1: slower than the baseline):"]
     for op in dict.fromkeys(r["op"] for r in results):
         for impl in IMPLS[op]:
@@ -51,6 +53,24 @@ def format_report(report) -> str:
                 note = f"  ({impl.note})" if impl.note else ""
                 lines.append(f"  {op}: {impl.name} / {impl.baseline}{note}")
     return "\n".join(lines)
+
+
+def _library_lines(rows):
+    """Under a library op's table: each mode's check (the largest difference of
+    ``out``, or of the gradients of ``x`` and every parameter, from the
+    mirror's, over the mirror's largest entry) and the runners' notes."""
+    lines = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        part = [r for r in rows if r["mode"] == mode and (r.get("check") or {}).get("against")]
+        if part:
+            what = "out" if mode == "forward" else "gradients"
+            lines.append(f"check {MODE_SHORT[mode]} ({what}, max relative difference from "
+                         f"{part[0]['check']['against']}): " + ", ".join(
+                             f"{r['impl']} {r['check']['max_rel_err']:.1e}"
+                             + ("" if r["check"]["ok"] else " FAIL") for r in part))
+    notes = {r["impl"]: r["runner_note"] for r in rows if r.get("runner_note")}
+    lines += [f"{name}: {note}" for name, note in notes.items()]
+    return lines
 
 
 def decode_table(rows):
