@@ -134,14 +134,22 @@ class JaxBackend(Backend):
         for call, (outputs, grads) in zip(batch, results):
             self._done[(call.case, dtype)] = (call, Result(_to_numpy(outputs), _to_numpy(grads)))
 
-    def run(self, call: Call, dtype: str | None) -> Result:
-        import jax
-
+    def _prepared(self, call: Call, dtype: str | None) -> Result | None:
+        """The result ``prepare`` computed for this very call (handed out once), else None
+        with the device set up for ``run`` to compute it."""
         kept = self._done.pop((call.case, dtype), None)
         if kept is not None and kept[0] is call:
             return kept[1]
         if not hasattr(self, "device"):
             self.setup()
+        return None
+
+    def run(self, call: Call, dtype: str | None) -> Result:
+        import jax
+
+        prepared = self._prepared(call, dtype)
+        if prepared is not None:
+            return prepared
         with jax.default_device(self.device), jax.default_matmul_precision("highest"):
             if call.function in EAGER or (dtype is None and call.function in VALUE_RULES):
                 kwargs = call.kwargs if dtype is None else with_dtype(call.kwargs, dtype)

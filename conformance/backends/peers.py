@@ -399,11 +399,9 @@ class JaxDpaPeer(JaxBackend):
     def run(self, call: Call, dtype: str | None) -> Result:
         import jax
 
-        kept = self._done.pop((call.case, dtype), None)
-        if kept is not None and kept[0] is call:
-            return kept[1]
-        if not hasattr(self, "device"):
-            self.setup()
+        prepared = self._prepared(call, dtype)
+        if prepared is not None:
+            return prepared
         with jax.default_device(self.device), jax.default_matmul_precision("highest"):
             item, spec = _dpa_pack(call, dtype)
             ((out, grads),) = _dpa_batched()([item], specs=(spec,))
@@ -424,29 +422,42 @@ def _dpa_pack(call: Call, dtype: str):
     return (diff, mask, jnp.asarray(call.cotangents["out"], dtype=dt)), spec
 
 
+def _one_head(a, rank3: bool):
+    """A rank-3 case's mask or bias ``(B, Lq|1, Lk)`` as ``(B, 1, Lq|1, Lk)``: one head."""
+    return a[:, None] if a is not None and rank3 and a.ndim == 3 else a
+
+
+def _to_blhd(t, width: int, rank3: bool):
+    """The spec's ``(B, H, L, D)`` (rank 3: ``(B, L, D)``, one head) in the ``(B, L, H, width)``
+    layout of ``jax.nn`` and Flax, ``D`` zero-padded to ``width``: they want one head width for
+    q, k and v, and zero columns add exact zeros to ``q kᵀ`` and give output columns that
+    :func:`_from_blhd` drops."""
+    import jax.numpy as jnp
+
+    t = jnp.pad(t, [(0, 0)] * (t.ndim - 1) + [(0, width - t.shape[-1])])
+    return t[:, :, None, :] if rank3 else jnp.swapaxes(t, 1, 2)
+
+
+def _from_blhd(out, rank3: bool, dv: int):
+    """The inverse of :func:`_to_blhd` for an output of ``dv`` columns."""
+    import jax.numpy as jnp
+
+    out = out[:, :, 0, :] if rank3 else jnp.swapaxes(out, 1, 2)
+    return out[..., :dv]
+
+
 def _dpa_vjp(diff, mask, cotangent, *, rank3, dv, scale):
     """``jax.nn.dot_product_attention`` in the spec's layout: its output and the vjp of ``cotangent``."""
     import jax
-    import jax.numpy as jnp
 
     width = max(diff["q"].shape[-1], dv)
-    if mask is not None and rank3 and mask.ndim == 3:
-        mask = mask[:, None]  # (B, Lq|1, Lk) -> (B, 1, Lq|1, Lk): one head
-
-    def to_blhd(t):  # (B, H, L, D) -> (B, L, H, width); (B, L, D) -> (B, L, 1, width)
-        # jax.nn wants one head width for q, k and v: zero columns add exact
-        # zeros to q kᵀ and give output columns that are dropped
-        t = jnp.pad(t, [(0, 0)] * (t.ndim - 1) + [(0, width - t.shape[-1])])
-        return t[:, :, None, :] if rank3 else jnp.swapaxes(t, 1, 2)
+    mask = _one_head(mask, rank3)
 
     def forward(diff):
-        bias = diff.get("bias")
-        if bias is not None and rank3 and bias.ndim == 3:
-            bias = bias[:, None]
-        out = jax.nn.dot_product_attention(to_blhd(diff["q"]), to_blhd(diff["k"]), to_blhd(diff["v"]),
-                                           bias=bias, mask=mask, scale=scale, implementation="xla")
-        out = out[:, :, 0, :] if rank3 else jnp.swapaxes(out, 1, 2)
-        return out[..., :dv]
+        q, k, v = (_to_blhd(diff[n], width, rank3) for n in ("q", "k", "v"))
+        out = jax.nn.dot_product_attention(q, k, v, bias=_one_head(diff.get("bias"), rank3), mask=mask,
+                                           scale=scale, implementation="xla")
+        return _from_blhd(out, rank3, dv)
 
     out, vjp = jax.vjp(forward, diff)
     (grads,) = vjp(cotangent)
