@@ -20,6 +20,14 @@ blocks (``nn.GRU``: ``[r; z; n]``); ours is ``w_ih = weight_ihᵀ (I, G)``, the
 gates as column blocks in the same order. ``nn.RNN`` / ``nn.GRU`` name them
 ``weight_ih_l0``... (one layer), ``nn.RNNCell`` / ``nn.GRUCell`` ``weight_ih``...
 
+Hugging Face transformers and Flax NNX: ``mha_params_to_hf`` gives a
+decoder attention layer's separate ``q_proj`` / ``k_proj`` / ``v_proj`` /
+``o_proj`` (``(out, in)``, grouped k/v heads; ``rope="interleaved"`` permutes
+each head's q/k rows by ``variants.rope_permutation``),
+``encoder_layer_params_to_hf`` ``BertLayer``'s keys, and
+``mha_params_to_flax`` ``nnx.MultiHeadAttention``'s kernels ``(D, H, Dh)`` /
+``(H, Dh, D)``; the ``*_from_*`` functions invert them.
+
 Shape letters: ``B`` batch, ``H`` heads, ``L`` / ``Lq`` / ``Lk`` lengths,
 ``D`` model width, ``Dh = D / H``, ``F`` feed-forward width, ``I`` input
 width, ``Hs`` hidden size, ``G = Hs`` (RNN) or ``3Hs`` (GRU).
@@ -30,7 +38,7 @@ import torch
 
 from numpy_ref._contract import interop as _core
 
-from . import _checks
+from . import _checks, variants
 
 __all__ = [
     "mha_params_to_torch",
@@ -51,6 +59,12 @@ __all__ = [
     "rnn_params_from_torch",
     "gru_params_to_torch",
     "gru_params_from_torch",
+    "mha_params_to_hf",
+    "mha_params_from_hf",
+    "encoder_layer_params_to_hf",
+    "encoder_layer_params_from_hf",
+    "mha_params_to_flax",
+    "mha_params_from_flax",
 ]
 
 
@@ -73,6 +87,8 @@ _OPS = _core.ArrayOps(
     concatenate=torch.cat,
     split=torch.tensor_split,
     logical_not=torch.logical_not,
+    zeros_like=torch.zeros_like,
+    rope_permutation=variants.rope_permutation,
 )
 
 
@@ -397,3 +413,154 @@ def gru_params_from_torch(state):
       ``{"w_ih": (I, 3Hs), "w_hh": (Hs, 3Hs), "b_ih": (3Hs,), "b_hh": (3Hs,)}``.
     """
     return _core.gru_params_from_torch(_OPS, state)
+
+
+def mha_params_to_hf(params, num_heads, num_kv_heads=None, rope=None):
+    """Canonical attention params -> a Hugging Face attention layer's state dict.
+
+    ``q_proj.weight = w_qᵀ``, ``q_proj.bias = b_q``, and so for ``k_proj``,
+    ``v_proj``, ``o_proj``: the state of ``LlamaAttention``,
+    ``MistralAttention``, ``Qwen2Attention`` or ``Gemma2Attention`` built with
+    ``attention_bias=True`` and ``head_dim = D / H``. A layer without some
+    bias (``attention_bias=False``; Qwen2's ``o_proj``) has no such key: drop
+    those entries before ``load_state_dict`` (or pass ``strict=False``).
+    ``rope="interleaved"`` (weights trained with Meta's interleaved pairs):
+    the rows of ``q_proj`` and ``k_proj`` (weights and biases) are permuted
+    within each head by ``variants.rope_permutation(Dh)`` (evens, then odds),
+    as ``convert_rope_params(..., to="half")`` does, so the layer's
+    ``rotate_half`` computes what ``rope="interleaved"`` computes here;
+    ``rope=None`` or ``"half"``: no permutation. Differentiable (transposes, clones, indexing).
+
+    Args:
+      params: ``{"w_q": (D, D), "b_q": (D,), "w_k": (D, Hkv·Dh), "b_k": (Hkv·Dh,),
+        "w_v": (D, Hkv·Dh), "b_v": (Hkv·Dh,), "w_o": (D, D), "b_o": (D,)}``,
+        weights ``(in, out)``.
+      num_heads: ``H``, dividing ``D``.
+      num_kv_heads: ``Hkv``, dividing ``H`` (None: ``H``).
+      rope: None, ``"half"`` or ``"interleaved"``, the convention ``params``
+        were trained with.
+
+    Returns:
+      ``{"q_proj.weight": (H·Dh, D), "q_proj.bias": (H·Dh,),
+      "k_proj.weight": (Hkv·Dh, D), "k_proj.bias": (Hkv·Dh,),
+      "v_proj.weight": (Hkv·Dh, D), "v_proj.bias": (Hkv·Dh,),
+      "o_proj.weight": (D, H·Dh), "o_proj.bias": (D,)}``, weights
+      ``(out, in)``, tensors, ready for ``load_state_dict``.
+    """
+    return _core.mha_params_to_hf(_OPS, params, num_heads, num_kv_heads, rope)
+
+
+def mha_params_from_hf(state, num_heads, num_kv_heads=None, rope=None):
+    """A Hugging Face attention layer's state dict -> canonical attention params.
+
+    The inverse of ``mha_params_to_hf``: ``w_q = q_proj.weightᵀ``, ``b_q =
+    q_proj.bias``, ..., with the inverse permutation of each head's
+    ``q_proj`` / ``k_proj`` rows for ``rope="interleaved"``. A missing bias
+    (``attention_bias=False``; Qwen2's ``o_proj``) is zeros, which is what the
+    layer adds: canonical params always hold all eight arrays. Also maps
+    gradients.
+
+    Args:
+      state: ``{"q_proj.weight": (H·Dh, D), "k_proj.weight": (Hkv·Dh, D),
+        "v_proj.weight": (Hkv·Dh, D), "o_proj.weight": (D, H·Dh)}`` and any of
+        ``"q_proj.bias"``, ..., ``"o_proj.bias"`` (extra keys are ignored),
+        tensors.
+      num_heads: ``H``, dividing ``D``.
+      num_kv_heads: ``Hkv``, dividing ``H`` (None: ``H``).
+      rope: None, ``"half"`` or ``"interleaved"``, the convention the result is for.
+
+    Returns:
+      ``{"w_q": (D, D), "b_q": (D,), "w_k": (D, Hkv·Dh), ..., "w_o": (D, D), "b_o": (D,)}``.
+    """
+    return _core.mha_params_from_hf(_OPS, state, num_heads, num_kv_heads, rope)
+
+
+def encoder_layer_params_to_hf(params):
+    """Canonical post-norm encoder-layer params -> ``BertLayer``'s state dict.
+
+    ``self_attn`` -> ``attention.self.query`` / ``key`` / ``value`` and
+    ``attention.output.dense``; ``norm1`` -> ``attention.output.LayerNorm``
+    (after the attention's residual); ``ffn.w_1`` -> ``intermediate.dense``,
+    ``ffn.w_2`` -> ``output.dense``; ``norm2`` -> ``output.LayerNorm``;
+    weights transposed to ``(out, in)``. ``BertLayer`` is post-norm
+    (``encoder_layer(..., norm_first=False)``), its activation is the
+    config's ``hidden_act`` and its epsilon ``layer_norm_eps``.
+
+    Args:
+      params: ``{"self_attn": {8 arrays, see mha_params_to_torch},
+        "ffn": {"w_1": (D, F), "b_1": (F,), "w_2": (F, D), "b_2": (D,)},
+        "norm1": {"gamma": (D,), "beta": (D,)}, "norm2": {...}}``.
+
+    Returns:
+      the 16 ``BertLayer`` state-dict entries: ``attention.self.query.weight
+      (D, D)``, ``attention.self.query.bias (D,)``, ``attention.self.key.*``,
+      ``attention.self.value.*``, ``attention.output.dense.*``,
+      ``attention.output.LayerNorm.weight (D,)``, ``.bias``,
+      ``intermediate.dense.weight (F, D)``, ``intermediate.dense.bias (F,)``,
+      ``output.dense.weight (D, F)``, ``output.dense.bias (D,)``,
+      ``output.LayerNorm.weight (D,)``, ``.bias``; tensors, ready for ``load_state_dict``.
+    """
+    return _core.encoder_layer_params_to_hf(_OPS, params)
+
+
+def encoder_layer_params_from_hf(state):
+    """``BertLayer``'s state dict -> canonical encoder-layer params.
+
+    The inverse of ``encoder_layer_params_to_hf``. Also maps gradients.
+
+    Args:
+      state: the 16 entries listed in ``encoder_layer_params_to_hf`` (extra
+        keys are ignored), tensors.
+
+    Returns:
+      ``{"self_attn": {...8}, "ffn": {"w_1": (D, F), "b_1": (F,),
+      "w_2": (F, D), "b_2": (D,)}, "norm1": {"gamma": (D,), "beta": (D,)},
+      "norm2": {...}}``.
+    """
+    return _core.encoder_layer_params_from_hf(_OPS, state)
+
+
+def mha_params_to_flax(params, num_heads, num_kv_heads=None):
+    """Canonical attention params -> ``flax.nnx.MultiHeadAttention``'s state.
+
+    Reshapes only: the canonical column ``h·Dh + d`` is head ``h``'s feature
+    ``d``, so ``w_q (D, D)`` -> ``query.kernel (D, H, Dh)``, ``b_q`` ->
+    ``query.bias (H, Dh)``, ``w_k``, ``w_v (D, Hkv·Dh)`` -> ``(D, Hkv, Dh)``,
+    ``w_o (D, D)`` -> ``out.kernel (H, Dh, D)``. The layer is
+    ``nnx.MultiHeadAttention(num_heads=H, in_features=D, qkv_features=D,
+    out_features=D, num_kv_heads=Hkv, use_bias=True)``; load the result with
+    ``nnx.update(layer, nnx.State(state))`` or ``nnx.merge(graphdef,
+    nnx.State(state))``. Differentiable (transposes, clones, indexing).
+
+    Args:
+      params: ``{"w_q": (D, D), "b_q": (D,), "w_k": (D, Hkv·Dh), "b_k": (Hkv·Dh,),
+        "w_v", "b_v", "w_o": (D, D), "b_o": (D,)}``, weights ``(in, out)``.
+      num_heads: ``H``, dividing ``D``.
+      num_kv_heads: ``Hkv``, dividing ``H`` (None: ``H``).
+
+    Returns:
+      a pure nested dict ``{"query": {"kernel": (D, H, Dh), "bias": (H, Dh)},
+      "key": {"kernel": (D, Hkv, Dh), "bias": (Hkv, Dh)}, "value": {...},
+      "out": {"kernel": (H, Dh, D), "bias": (D,)}}``, tensors
+      (``jnp.asarray(t.detach().cpu().numpy())`` each for a JAX layer).
+    """
+    return _core.mha_params_to_flax(_OPS, params, num_heads, num_kv_heads)
+
+
+def mha_params_from_flax(state):
+    """``flax.nnx.MultiHeadAttention``'s state -> canonical attention params.
+
+    The inverse of ``mha_params_to_flax`` (reshapes only; ``H``, ``Dh`` and
+    ``Hkv`` are read from the kernels). Also maps gradients.
+
+    Args:
+      state: ``{"query": {"kernel": (D, H, Dh), "bias": (H, Dh)}, "key":
+        {"kernel": (D, Hkv, Dh), "bias": (Hkv, Dh)}, "value": {...}, "out":
+        {"kernel": (H, Dh, D), "bias": (D,)}}``, a pure dict
+        (``nnx.to_pure_dict(nnx.state(layer, nnx.Param))``; extra keys are
+        ignored), tensors.
+
+    Returns:
+      ``{"w_q": (D, D), "b_q": (D,), "w_k": (D, Hkv·Dh), ..., "w_o": (D, D), "b_o": (D,)}``.
+    """
+    return _core.mha_params_from_flax(_OPS, state)

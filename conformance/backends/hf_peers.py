@@ -115,92 +115,76 @@ __all__ = ["HfLlamaEagerPeer", "HfLlamaSdpaPeer", "HfQwen2EagerPeer", "HfQwen2Sd
 # the converters
 
 
-def _head_rows(num_heads: int, head_dim: int):
-    """Row indices permuting the features of every head by SPEC's ``rope_permutation(Dh)``
-    (evens, then odds): Meta's interleaved pairs to Hugging Face's ``rotate_half`` pairs."""
-    perm = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
-    return (np.arange(num_heads)[:, None] * head_dim + perm[None, :]).reshape(-1)
+def _interop(x):
+    """The mirror's ``interop`` for an array: ``torch_impl``'s for a tensor
+    (differentiable), ``numpy_ref``'s for anything else (numpy arrays)."""
+    if type(x).__module__.split(".")[0] == "torch":
+        from torch_impl import interop
+    else:
+        from numpy_ref import interop
+    return interop
+
+
+#: ``k_proj`` / ``v_proj`` of a layer whose projections are wrapped in :class:`RoutedLinear`
+_ROUTED = {"k_proj.": "k_proj.linear.", "v_proj.": "v_proj.linear."}
 
 
 def attention_params_to_hf(params: dict, num_heads: int, num_kv_heads: int | None = None, *,
                            rope: str | None = "half", o_bias: bool = True, routed: bool = True) -> dict:
     """The catalog's attention params as a Hugging Face attention layer's state.
 
-    ``w_x (in, out)`` becomes ``x_proj.weight (out, in)``; the k and v
-    projections sit under ``k_proj.linear`` / ``v_proj.linear`` when ``routed``
-    (:class:`RoutedLinear`). ``rope="interleaved"``: the rows of
-    ``q_proj``/``k_proj`` (and their biases) are permuted within each head,
-    as ``convert_rope_params(..., to="half")``. ``o_bias=False`` (Qwen2)
-    leaves ``b_o`` out. Works on torch tensors (differentiably: indexing and
-    transposes) and on numpy arrays.
+    ``interop.mha_params_to_hf`` (``torch_impl``'s for tensors, differentiably:
+    clones, indexing and transposes; ``numpy_ref``'s for numpy arrays):
+    ``w_x (in, out)`` becomes ``x_proj.weight (out, in)``, and with
+    ``rope="interleaved"`` the rows of ``q_proj``/``k_proj`` (and their
+    biases) are permuted within each head, as ``convert_rope_params(...,
+    to="half")``. Here, for the adapters' layers: the k and v projections sit
+    under ``k_proj.linear`` / ``v_proj.linear`` when ``routed``
+    (:class:`RoutedLinear`), and ``o_bias=False`` (Qwen2) leaves ``b_o`` out.
     """
-    D = params["w_q"].shape[0]
-    H = num_heads
-    Hkv = num_kv_heads or H
-    Dh = D // H
-    k, v = ("k_proj.linear", "v_proj.linear") if routed else ("k_proj", "v_proj")
-    state = {"q_proj.weight": params["w_q"].T, "q_proj.bias": params["b_q"],
-             f"{k}.weight": params["w_k"].T, f"{k}.bias": params["b_k"],
-             f"{v}.weight": params["w_v"].T, f"{v}.bias": params["b_v"],
-             "o_proj.weight": params["w_o"].T}
-    if o_bias:
-        state["o_proj.bias"] = params["b_o"]
-    if rope == "interleaved":
-        for name, heads in (("q_proj", H), (k, Hkv)):
-            rows = _head_rows(heads, Dh)
-            state[f"{name}.weight"] = state[f"{name}.weight"][rows]
-            state[f"{name}.bias"] = state[f"{name}.bias"][rows]
+    state = _interop(params["w_q"]).mha_params_to_hf(params, num_heads, num_kv_heads, rope=rope)
+    if not o_bias:
+        del state["o_proj.bias"]
+    if routed:
+        state = {next((key.replace(a, b, 1) for a, b in _ROUTED.items() if key.startswith(a)), key): value
+                 for key, value in state.items()}
     return state
 
 
 def attention_params_from_hf(state: dict, num_heads: int, num_kv_heads: int | None = None, *,
                              rope: str | None = "half", b_o=None) -> dict:
-    """The inverse of :func:`attention_params_to_hf` (numpy): the catalog's params from a layer's state."""
-    routed = "k_proj.linear.weight" in state
-    k, v = ("k_proj.linear", "v_proj.linear") if routed else ("k_proj", "v_proj")
-    D = state["q_proj.weight"].shape[1]
-    H, Hkv = num_heads, num_kv_heads or num_heads
-    Dh = D // H
-    rows = {"q_proj": slice(None), k: slice(None)}
-    if rope == "interleaved":
-        rows = {"q_proj": np.argsort(_head_rows(H, Dh)), k: np.argsort(_head_rows(Hkv, Dh))}
-    params = {}
-    for short, name in (("q", "q_proj"), ("k", k), ("v", v), ("o", "o_proj")):
-        weight, bias = state[f"{name}.weight"], state.get(f"{name}.bias", b_o if short == "o" else None)
-        order = rows.get(name, slice(None))
-        params[f"w_{short}"] = np.asarray(weight)[order].T
-        params[f"b_{short}"] = None if bias is None else np.asarray(bias)[order]
+    """The inverse of :func:`attention_params_to_hf` (numpy): the catalog's params from a layer's state.
+
+    ``numpy_ref.interop.mha_params_from_hf`` on the state with any
+    :class:`RoutedLinear` keys unwrapped; a bias the state lacks is None here
+    (``b_o`` for ``o_proj``'s, given by the caller), not the zeros ``interop`` reads it as.
+    """
+    from numpy_ref import interop
+
+    for a, b in _ROUTED.items():
+        state = {key.replace(b, a, 1) if key.startswith(b) else key: value for key, value in state.items()}
+    state = {key: np.asarray(value) for key, value in state.items()}
+    params = interop.mha_params_from_hf(state, num_heads, num_kv_heads, rope=rope)
+    for short, name in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")):
+        if f"{name}.bias" not in state:
+            params[f"b_{short}"] = None if short != "o" or b_o is None else np.asarray(b_o)
     return params
 
 
-#: the catalog's encoder layer params -> BertLayer's state: (catalog path, module, transposed)
-_BERT = (
-    (("self_attn", "w_q"), "attention.self.query.weight", True), (("self_attn", "b_q"), "attention.self.query.bias", False),
-    (("self_attn", "w_k"), "attention.self.key.weight", True), (("self_attn", "b_k"), "attention.self.key.bias", False),
-    (("self_attn", "w_v"), "attention.self.value.weight", True), (("self_attn", "b_v"), "attention.self.value.bias", False),
-    (("self_attn", "w_o"), "attention.output.dense.weight", True), (("self_attn", "b_o"), "attention.output.dense.bias", False),
-    (("norm1", "gamma"), "attention.output.LayerNorm.weight", False), (("norm1", "beta"), "attention.output.LayerNorm.bias", False),
-    (("ffn", "w_1"), "intermediate.dense.weight", True), (("ffn", "b_1"), "intermediate.dense.bias", False),
-    (("ffn", "w_2"), "output.dense.weight", True), (("ffn", "b_2"), "output.dense.bias", False),
-    (("norm2", "gamma"), "output.LayerNorm.weight", False), (("norm2", "beta"), "output.LayerNorm.bias", False),
-)
-
-
 def bert_layer_params_to_hf(params: dict) -> dict:
-    """The catalog's post-norm encoder layer as ``BertLayer``'s state: ``self_attn`` ->
+    """The catalog's post-norm encoder layer as ``BertLayer``'s state:
+    ``interop.encoder_layer_params_to_hf`` (``torch_impl``'s for tensors,
+    ``numpy_ref``'s for numpy arrays): ``self_attn`` ->
     ``attention.self.{query,key,value}`` and ``attention.output.dense``; ``norm1`` ->
     ``attention.output.LayerNorm`` (after the attention's residual); ``ffn`` ->
     ``intermediate.dense`` / ``output.dense``; ``norm2`` -> ``output.LayerNorm``.
     Weights transposed to ``(out, in)``."""
-    return {name: params[a][b].T if transposed else params[a][b] for (a, b), name, transposed in _BERT}
+    return _interop(params["self_attn"]["w_q"]).encoder_layer_params_to_hf(params)
 
 
 def bert_layer_params_from_hf(state: dict) -> dict:
-    """The inverse of :func:`bert_layer_params_to_hf`."""
-    params: dict = {}
-    for (a, b), name, transposed in _BERT:
-        params.setdefault(a, {})[b] = state[name].T if transposed else state[name]
-    return params
+    """The inverse of :func:`bert_layer_params_to_hf` (``interop.encoder_layer_params_from_hf``)."""
+    return _interop(state["attention.self.query.weight"]).encoder_layer_params_from_hf(state)
 
 
 def mask_to_hf(mask, batch: int, length: int, *, causal: bool, windows: bool = False):

@@ -112,36 +112,32 @@ PARAMS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
 # transposes only, so jax.vjp through them is exact)
 
 
+def _interop(x):
+    """The mirror's ``interop`` for an array: ``numpy_ref``'s for a numpy array
+    (numpy in, numpy out, as before), ``jax_impl``'s for anything else (JAX
+    arrays, traced or not: a pure ``jnp`` expression that ``jax.vjp`` goes through)."""
+    if isinstance(x, np.ndarray):
+        from numpy_ref import interop
+    else:
+        from jax_impl import interop
+    return interop
+
+
 def catalog_to_nnx(params, num_heads, num_kv_heads=None):
-    """The catalog's mha params as ``nnx.MultiHeadAttention``'s ``nnx.State`` (a pure dict).
+    """The catalog's mha params as ``nnx.MultiHeadAttention``'s ``nnx.State`` (a pure dict):
+    ``interop.mha_params_to_flax``.
 
     ``w_q (D, D)`` -> ``query.kernel (D, H, Dh)``, ``b_q (D,)`` -> ``query.bias (H, Dh)``
     (the catalog's column ``h * Dh + d`` is head ``h``'s feature ``d``), ``w_k``,
     ``w_v (D, Hkv * Dh)`` -> ``(D, Hkv, Dh)``, ``w_o (D, D)`` -> ``out.kernel (H, Dh, D)``.
     """
-    D = params["w_q"].shape[0]
-    H, Hkv = num_heads, num_kv_heads or num_heads
-    Dh = D // H
-
-    def proj(w, b, heads):
-        return {"kernel": w.reshape(w.shape[0], heads, Dh), "bias": b.reshape(heads, Dh)}
-
-    return {"query": proj(params["w_q"], params["b_q"], H),
-            "key": proj(params["w_k"], params["b_k"], Hkv),
-            "value": proj(params["w_v"], params["b_v"], Hkv),
-            "out": {"kernel": params["w_o"].reshape(H, Dh, params["w_o"].shape[1]), "bias": params["b_o"]}}
+    return _interop(params["w_q"]).mha_params_to_flax(params, num_heads, num_kv_heads)
 
 
 def nnx_to_catalog(state):
-    """The inverse of :func:`catalog_to_nnx` (a pure dict, ``nnx.to_pure_dict`` of the layer's state)."""
-    out = {}
-    for name, part in (("q", "query"), ("k", "key"), ("v", "value")):
-        kernel, bias = state[part]["kernel"], state[part]["bias"]
-        out[f"w_{name}"] = kernel.reshape(kernel.shape[0], -1)
-        out[f"b_{name}"] = bias.reshape(-1)
-    kernel = state["out"]["kernel"]
-    out["w_o"], out["b_o"] = kernel.reshape(-1, kernel.shape[-1]), state["out"]["bias"]
-    return out
+    """The inverse of :func:`catalog_to_nnx` (a pure dict, ``nnx.to_pure_dict`` of the layer's
+    state): ``interop.mha_params_from_flax``."""
+    return _interop(state["query"]["kernel"]).mha_params_from_flax(state)
 
 
 #: ``keras.layers.MultiHeadAttention``'s sublayers, by the catalog's letter

@@ -9,20 +9,25 @@ table says, for one block, the shape of every canonical array and which of
 them each PyTorch entry stacks; everything below reads those tables, so a
 key, a shape or a message exists once.
 
+The Hugging Face tables (:data:`HF_MHA`, :data:`HF_BERT_LAYER`) are
+``Block`` s too (``nn.Linear`` / ``nn.LayerNorm`` entries under transformers'
+names); :data:`FLAX_MHA` maps each canonical array to a reshape.
+
 Each mirror's ``interop.py`` binds the functions here to its library with an
 ``ArrayOps`` (its ``_checks`` and a handful of array primitives) and keeps
 the public names, signatures and docstrings.
 
 Shape letters: ``B`` batch, ``Lq`` / ``Lk`` lengths, ``D`` model width,
 ``F`` feed-forward width, ``I`` / ``Hs`` a recurrent cell's input width and
-hidden size; ``3D`` is three ``D`` stacked.
+hidden size; ``3D`` is three ``D`` stacked; ``H`` / ``Hkv`` query and k/v
+heads of width ``Dh``, ``Dkv = Hkv·Dh``.
 """
 from __future__ import annotations
 
 from types import ModuleType
 from typing import Callable, NamedTuple
 
-from .rules import _type_str
+from .rules import _spec, _type_str, shape_str
 
 __all__ = [
     "ArrayOps", "Block", "MHA", "FFN", "NORM", "LAYER", "DECODER_LAYER",
@@ -35,6 +40,10 @@ __all__ = [
     "mask_from_torch", "mask_to_torch", "heads_to_blhd", "heads_from_blhd",
     "RNN", "RNN_CELL", "GRU", "GRU_CELL",
     "rnn_params_to_torch", "rnn_params_from_torch", "gru_params_to_torch", "gru_params_from_torch",
+    # Hugging Face transformers and Flax NNX
+    "HF_MHA", "HF_BERT_LAYER", "FLAX_MHA",
+    "mha_params_to_hf", "mha_params_from_hf", "encoder_layer_params_to_hf", "encoder_layer_params_from_hf",
+    "mha_params_to_flax", "mha_params_from_flax",
 ]
 
 
@@ -43,9 +52,10 @@ class ArrayOps(NamedTuple):
 
     Of the mirror's ``_checks`` they read ``kind``, ``check_bool``,
     ``check_params``, ``check_rank``, ``check_shape`` and
-    ``check_same_float_dtype``. Indexing (``x[:, None]``), ``&``, ``.shape``
-    and ``.swapaxes`` are spelled alike in numpy, torch and JAX and need no
-    entry.
+    ``check_same_float_dtype`` (and ``rules`` for head counts and the RoPE
+    convention). Indexing (``x[:, None]``, ``x[:, perm]``), ``&``, ``.shape``,
+    ``.reshape(*sizes)``, ``.argsort()`` and ``.swapaxes`` are spelled alike
+    in numpy, torch and JAX and need no entry.
     """
 
     checks: ModuleType  #: the mirror's ``_checks``
@@ -55,6 +65,8 @@ class ArrayOps(NamedTuple):
     concatenate: Callable  #: a list of arrays -> one, joined along axis 0
     split: Callable  #: ``(x, n)`` -> ``n`` equal pieces of ``x`` along axis 0
     logical_not: Callable  #: a boolean array -> its negation
+    zeros_like: Callable  #: ``x`` -> zeros of its shape, dtype (and device)
+    rope_permutation: Callable  #: ``Dh`` -> the mirror's ``variants.rope_permutation(Dh)``, ``(Dh,)`` indices
 
 
 # --------------------------------------------------------------------------
@@ -66,7 +78,9 @@ class Block(NamedTuple):
 
     ``shapes``: canonical key -> shape letters, weights ``(in, out)``.
     ``torch``: PyTorch key -> the canonical keys it stacks along its first
-    axis, each transposed to ``(out, in)`` if it is a weight (2-D).
+    axis, each transposed to ``(out, in)`` if it is a weight (2-D). The
+    Hugging Face tables (:data:`HF_MHA`, :data:`HF_BERT_LAYER`) hold
+    transformers' keys there: the same ``nn.Linear`` / ``nn.LayerNorm`` layout.
     """
 
     shapes: dict
@@ -134,6 +148,49 @@ def _cell(G: str, suffix: str) -> Block:
 #: ``nn.RNNCell`` / ``nn.GRUCell`` (the same keys without the suffix)
 RNN, RNN_CELL = _cell("Hs", "_l0"), _cell("Hs", "")
 GRU, GRU_CELL = _cell("3Hs", "_l0"), _cell("3Hs", "")
+
+#: a Hugging Face decoder's attention (``LlamaAttention``, ``MistralAttention``,
+#: ``Qwen2Attention``, ``Gemma2Attention``): separate ``nn.Linear`` projections,
+#: k and v with ``Dkv = Hkv·Dh`` outputs (grouped heads)
+HF_MHA = Block(
+    shapes={
+        "w_q": ("D", "D"), "b_q": ("D",), "w_k": ("D", "Dkv"), "b_k": ("Dkv",),
+        "w_v": ("D", "Dkv"), "b_v": ("Dkv",), "w_o": ("D", "D"), "b_o": ("D",),
+    },
+    torch={
+        "q_proj.weight": ("w_q",), "q_proj.bias": ("b_q",),
+        "k_proj.weight": ("w_k",), "k_proj.bias": ("b_k",),
+        "v_proj.weight": ("w_v",), "v_proj.bias": ("b_v",),
+        "o_proj.weight": ("w_o",), "o_proj.bias": ("b_o",),
+    },
+)
+#: the HF projections whose rows RoPE rotates, and the head count of each
+_HF_ROTATED = {"q_proj": "H", "k_proj": "Hkv"}
+#: encoder-layer block -> (its table, its prefix in ``BertLayer``'s state
+#: dict): post-norm, ``norm1`` after the attention's residual
+HF_BERT_LAYER = {
+    "self_attn": (Block(shapes=MHA.shapes, torch={
+        "self.query.weight": ("w_q",), "self.query.bias": ("b_q",),
+        "self.key.weight": ("w_k",), "self.key.bias": ("b_k",),
+        "self.value.weight": ("w_v",), "self.value.bias": ("b_v",),
+        "output.dense.weight": ("w_o",), "output.dense.bias": ("b_o",),
+    }), "attention."),
+    "ffn": (Block(shapes=FFN.shapes, torch={
+        "intermediate.dense.weight": ("w_1",), "intermediate.dense.bias": ("b_1",),
+        "output.dense.weight": ("w_2",), "output.dense.bias": ("b_2",),
+    }), ""),
+    "norm1": (NORM, "attention.output.LayerNorm."),
+    "norm2": (NORM, "output.LayerNorm."),
+}
+#: ``flax.nnx.MultiHeadAttention``'s state (``nnx.to_pure_dict``): canonical
+#: key -> (its path, its shape letters); the canonical column ``h·Dh + d`` is
+#: head ``h``'s feature ``d``, so every entry is a reshape
+FLAX_MHA = {
+    "w_q": (("query", "kernel"), ("D", "H", "Dh")), "b_q": (("query", "bias"), ("H", "Dh")),
+    "w_k": (("key", "kernel"), ("D", "Hkv", "Dh")), "b_k": (("key", "bias"), ("Hkv", "Dh")),
+    "w_v": (("value", "kernel"), ("D", "Hkv", "Dh")), "b_v": (("value", "bias"), ("Hkv", "Dh")),
+    "w_o": (("out", "kernel"), ("H", "Dh", "D")), "b_o": (("out", "bias"), ("D",)),
+}
 
 def _torch_shape(block: Block, key: str) -> tuple:
     """The shape letters of PyTorch entry ``key``: ``in_proj_weight`` -> ``("3D", "D")``."""
@@ -209,11 +266,12 @@ def _check_mha_params(checks, params, name: str) -> int:
     return dims["D"]
 
 
-def _check_mha_state(checks, state, name: str, prefix: str = "") -> int:
-    """An ``nn.MultiheadAttention`` state dict (keys under ``prefix``), dtypes included; return D."""
-    keys = tuple(prefix + key for key in MHA.torch)
+def _check_mha_state(checks, state, name: str, prefix: str = "", block: Block = MHA) -> int:
+    """An ``nn.MultiheadAttention`` state dict (keys under ``prefix``; ``block``:
+    :data:`MHA`, or BERT's attention), dtypes included; return D."""
+    keys = tuple(prefix + key for key in block.torch)
     checks.check_params(state, name, keys)
-    dims = _check_block_state(checks, state, name, MHA, prefix, {})
+    dims = _check_block_state(checks, state, name, block, prefix, {})
     checks.check_same_float_dtype({f"{name}[{key}]": state[key] for key in keys})
     return dims["D"]
 
@@ -245,8 +303,8 @@ def _layer_torch_keys(layer: dict = LAYER, prefix: str = "") -> tuple:
 def _check_layer_state(checks, state, name: str, layer: dict = LAYER, prefix: str = "") -> None:
     """A layer's state-dict entries under ``prefix``: the first attention's as
     ``mha_params_from_torch`` checks them, then the others, then one dtype."""
-    first_prefix = next(iter(layer.values()))[1]
-    dims = {"D": _check_mha_state(checks, state, name, prefix=prefix + first_prefix)}
+    first_block, first_prefix = next(iter(layer.values()))
+    dims = {"D": _check_mha_state(checks, state, name, prefix + first_prefix, first_block)}
     for i, (block, block_prefix) in enumerate(layer.values()):
         if i:
             _check_block_state(checks, state, name, block, prefix + block_prefix, dims)
@@ -560,3 +618,131 @@ def heads_from_blhd(ops: ArrayOps, x):
     x = ops.asarray(x)
     ops.checks.check_rank(x, "x", ("B", "L", "H", "Dh"))
     return x.swapaxes(1, 2)  # (B, H, L, Dh)
+
+
+# --------------------------------------------------------------------------
+# Hugging Face transformers (decoder attention, BertLayer) and Flax NNX
+
+
+def _check_heads_params(checks, params, name: str, num_heads, num_kv_heads) -> dict:
+    """Canonical attention params with ``num_heads`` heads of which ``num_kv_heads``
+    for k and v: ``w_q`` fixes ``D`` (a square first), then the head counts, then
+    every shape and one dtype. Returns ``{"D", "Dkv", "H", "Hkv", "Dh"}``."""
+    checks.check_params(params, name, tuple(HF_MHA.shapes))
+    dims = _check_shapes(checks, {f"{name}.w_q": params["w_q"]}, {f"{name}.w_q": HF_MHA.shapes["w_q"]}, {})
+    D = dims["D"]
+    H = checks.rules.heads(num_heads, D)
+    Hkv = checks.rules.kv_heads(num_kv_heads, H)
+    dims = _check_block_params(checks, params, name, HF_MHA, {"D": D, "Dkv": Hkv * (D // H)})
+    checks.check_same_float_dtype({f"{name}.{key}": params[key] for key in HF_MHA.shapes})
+    return {**dims, "H": H, "Hkv": Hkv, "Dh": D // H}
+
+
+def _check_rope(checks, rope, Dh: int) -> None:
+    """None or a RoPE convention; ``"interleaved"`` needs an even ``Dh``."""
+    checks.rules.rope(rope, 10000.0, Dh)
+
+
+def _permute_rows(ops: ArrayOps, x, heads: int, Dh: int, inverse: bool):
+    """The rows of ``x (heads·Dh, ...)`` permuted within each head by SPEC's
+    ``rope_permutation(Dh)`` (evens, then odds), or by its inverse."""
+    perm = ops.rope_permutation(Dh)  # (Dh,)
+    if inverse:
+        perm = perm.argsort()
+    return x.reshape(heads, Dh, *x.shape[1:])[:, perm].reshape(*x.shape)
+
+
+def _permute_hf(ops: ArrayOps, state: dict, dims: dict, inverse: bool) -> dict:
+    """``state`` with the q/k rows of every head permuted (``rope="interleaved"``)."""
+    state = dict(state)
+    for module, heads in _HF_ROTATED.items():
+        for key in (f"{module}.weight", f"{module}.bias"):
+            state[key] = _permute_rows(ops, state[key], dims[heads], dims["Dh"], inverse)
+    return state
+
+
+def mha_params_to_hf(ops: ArrayOps, params, num_heads, num_kv_heads=None, rope=None) -> dict:
+    """Canonical attention params -> a Hugging Face attention layer's state dict."""
+    dims = _check_heads_params(ops.checks, params, "params", num_heads, num_kv_heads)
+    _check_rope(ops.checks, rope, dims["Dh"])
+    state = _block_to_torch(ops, HF_MHA, params)
+    return _permute_hf(ops, state, dims, inverse=False) if rope == "interleaved" else state
+
+
+def mha_params_from_hf(ops: ArrayOps, state, num_heads, num_kv_heads=None, rope=None) -> dict:
+    """A Hugging Face attention layer's state dict -> canonical attention params."""
+    checks = ops.checks
+    weights = tuple(key for key in HF_MHA.torch if key.endswith(".weight"))
+    checks.check_params(state, "state", weights)
+    keys = tuple(key for key in HF_MHA.torch if key in state)  # a missing bias is zeros
+    state = _as_arrays(ops, state, keys)
+    letters = {f"state[{key}]": _torch_shape(HF_MHA, key) for key in keys}
+    first = "state[q_proj.weight]"
+    D = _check_shapes(checks, {first: state["q_proj.weight"]}, {first: letters[first]}, {})["D"]
+    H = checks.rules.heads(num_heads, D)
+    Hkv = checks.rules.kv_heads(num_kv_heads, H)
+    _check_rope(checks, rope, D // H)
+    _check_shapes(checks, {f"state[{key}]": state[key] for key in keys}, letters,
+                  {"D": D, "Dkv": Hkv * (D // H)})
+    checks.check_same_float_dtype({f"state[{key}]": state[key] for key in keys})
+    for weight in weights:
+        bias = weight.replace(".weight", ".bias")
+        if bias not in state:
+            state[bias] = ops.zeros_like(state[weight][:, 0])  # (out,)
+    if rope == "interleaved":
+        state = _permute_hf(ops, state, {"H": H, "Hkv": Hkv, "Dh": D // H}, inverse=True)
+    return _block_from_torch(ops, HF_MHA, state)
+
+
+def encoder_layer_params_to_hf(ops: ArrayOps, params) -> dict:
+    """Canonical post-norm encoder-layer params -> ``BertLayer``'s state dict."""
+    _check_layer_params(ops.checks, params, "params")
+    return _layer_to_torch(ops, params, HF_BERT_LAYER)
+
+
+def encoder_layer_params_from_hf(ops: ArrayOps, state) -> dict:
+    """``BertLayer``'s state dict -> canonical encoder-layer params."""
+    keys = _layer_torch_keys(HF_BERT_LAYER)
+    ops.checks.check_params(state, "state", keys)
+    state = _as_arrays(ops, state, keys)
+    _check_layer_state(ops.checks, state, "state", HF_BERT_LAYER)
+    return _layer_from_torch(ops, state, HF_BERT_LAYER)
+
+
+def _reshaped(ops: ArrayOps, x, letters, dims: dict):
+    """A fresh ``x`` reshaped to the sizes of ``letters``."""
+    sizes = _sizes(letters, dims)
+    return ops.copy(x.reshape(*[sizes[letter] for letter in letters]))
+
+
+def mha_params_to_flax(ops: ArrayOps, params, num_heads, num_kv_heads=None) -> dict:
+    """Canonical attention params -> ``nnx.MultiHeadAttention``'s state (a pure dict)."""
+    dims = _check_heads_params(ops.checks, params, "params", num_heads, num_kv_heads)
+    state: dict = {}
+    for key, ((module, leaf), letters) in FLAX_MHA.items():
+        state.setdefault(module, {})[leaf] = _reshaped(ops, params[key], letters, dims)
+    return state
+
+
+def mha_params_from_flax(ops: ArrayOps, state) -> dict:
+    """``nnx.MultiHeadAttention``'s state (a pure dict) -> canonical attention params."""
+    checks = ops.checks
+    modules = tuple(dict.fromkeys(module for (module, _), _ in FLAX_MHA.values()))
+    checks.check_params(state, "state", modules)
+    for module in modules:
+        checks.check_params(state[module], f"state.{module}", ("kernel", "bias"))
+    arrays = {key: ops.asarray(state[module][leaf]) for key, ((module, leaf), _) in FLAX_MHA.items()}
+    names = {key: "state." + ".".join(path) for key, (path, _) in FLAX_MHA.items()}
+    # w_q fixes D, H and Dh; w_k fixes Hkv, a divisor of H
+    dims: dict = {}
+    for group, heads, rule in ((("w_q", "b_q", "w_o", "b_o"), "H", "H >= 1"),
+                               (("w_k", "b_k", "w_v", "b_v"), "Hkv", "Hkv >= 1 dividing H={H}")):
+        dims = _check_shapes(checks, {names[k]: arrays[k] for k in group},
+                             {names[k]: FLAX_MHA[k][1] for k in group}, dims)
+        if dims[heads] < 1 or dims["H"] % dims[heads]:
+            first = names[group[0]]
+            raise ValueError(f"{first}: expected shape {_spec(FLAX_MHA[group[0]][1])} with "
+                             f"{rule.format(**dims)}, got {shape_str(arrays[group[0]].shape)}")
+    checks.check_same_float_dtype({names[k]: arrays[k] for k in FLAX_MHA})
+    dims.update(Dkv=dims["Hkv"] * dims["Dh"])
+    return {key: _reshaped(ops, arrays[key], HF_MHA.shapes[key], dims) for key in HF_MHA.shapes}

@@ -28,6 +28,13 @@ def catalog(name):
     bool masks), for tests that need one well-formed call to start from."""
     return CASES_BY_NAME[name].call().kwargs
 
+#: interop's converters that take a head count (its others have no configuration)
+INTEROP_STATIC = {
+    "mha_params_to_hf": ("num_heads", "num_kv_heads", "rope"),
+    "mha_params_from_hf": ("num_heads", "num_kv_heads", "rope"),
+    "mha_params_to_flax": ("num_heads", "num_kv_heads"),
+}
+
 #: configuration arguments: Python values, static under ``jax.jit``
 STATIC = {
     "padding_mask": ("max_len", "pad_id"),
@@ -99,6 +106,7 @@ STATIC = {
                       "activation", "eps"),
     "sample_decode": ("num_heads", "bos", "max_len", "temperature", "tie_embeddings", "norm_first",
                       "activation", "eps"),
+    **INTEROP_STATIC,
 }
 
 

@@ -158,3 +158,94 @@ def test_torch_encoder_layer_with_our_weights_gives_our_encoder_layer(torch, nor
     with torch.no_grad():
         theirs = layer(torch.from_numpy(x), src_key_padding_mask=key_padding_mask).numpy()
     np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------------
+# Hugging Face (q/k/v/o_proj, BertLayer) and Flax NNX layouts
+
+HKV = 1  # grouped: 3 query heads share one k/v head
+
+
+def gqa_params(rng, Hkv=HKV):
+    p = nr.init_multi_head_attention(rng, D, num_heads=H, num_kv_heads=Hkv)
+    return {k: rng.normal(size=v.shape) for k, v in p.items()}
+
+
+@pytest.mark.parametrize("name, build, args", [
+    ("mha_params_to_hf", gqa_params, (H, HKV, "interleaved")),
+    ("mha_params_from_hf", lambda r: nr_interop.mha_params_to_hf(gqa_params(r), H, HKV, "interleaved"),
+     (H, HKV, "interleaved")),
+    ("encoder_layer_params_to_hf", layer_params, ()),
+    ("encoder_layer_params_from_hf", lambda r: nr_interop.encoder_layer_params_to_hf(layer_params(r)), ()),
+    ("mha_params_to_flax", gqa_params, (H, HKV)),
+    ("mha_params_from_flax", lambda r: nr_interop.mha_params_to_flax(gqa_params(r), H, HKV), ()),
+])
+def test_each_hf_and_flax_conversion_gives_exactly_what_numpy_ref_gives(name, build, args, rng):
+    arg = build(rng)
+    assert_same_tree(getattr(interop, name)(to_jax(arg), *args), getattr(nr_interop, name)(arg, *args))
+
+
+@pytest.mark.parametrize("rope", [None, "half", "interleaved"])
+@pytest.mark.parametrize("Hkv", [H, HKV])
+def test_hf_and_flax_round_trips_are_exact_and_jit(rope, Hkv, rng):
+    params = to_jax(gqa_params(rng, Hkv))
+    to_hf = jax.jit(interop.mha_params_to_hf, static_argnums=(1, 2, 3))
+    state = to_hf(params, H, Hkv, rope)
+    assert state["k_proj.weight"].shape == (Hkv * DH, D) and state["q_proj.bias"].shape == (D,)
+    assert_same_tree(interop.mha_params_from_hf(state, H, Hkv, rope), params)
+    flax = jax.jit(interop.mha_params_to_flax, static_argnums=(1, 2))(params, H, Hkv)
+    assert flax["query"]["kernel"].shape == (D, H, DH) and flax["key"]["bias"].shape == (Hkv, DH)
+    assert flax["out"]["kernel"].shape == (H, DH, D)
+    assert_same_tree(interop.mha_params_from_flax(flax), params)
+
+
+def test_the_vjp_of_to_hf_and_to_flax_is_their_inverse(rng):
+    params = to_jax(gqa_params(rng))
+    for to, back in ((lambda p: interop.mha_params_to_hf(p, H, HKV, "interleaved"),
+                      lambda s: interop.mha_params_from_hf(s, H, HKV, "interleaved")),
+                     (lambda p: interop.mha_params_to_flax(p, H, HKV), interop.mha_params_from_flax)):
+        state, vjp = jax.vjp(to, params)
+        cotangent = jax.tree.map(lambda v: jnp.asarray(rng.normal(size=v.shape)), state)
+        (grads,) = vjp(cotangent)  # a permutation or a reshape: its transpose is its inverse
+        assert_same_tree(grads, back(cotangent))
+
+
+HF_BAD = {
+    "H-not-dividing-D": ("mha_params_to_hf", (5,), {}),
+    "w_k-shape": ("mha_params_to_hf", (H,), {}),
+    "rope": ("mha_params_to_hf", (H, HKV), {"rope": "neox"}),
+    "flax-kv-heads": ("mha_params_to_flax", (H, 2), {}),
+}
+
+
+@pytest.mark.parametrize("case", HF_BAD)
+def test_hf_and_flax_bad_input_raises_what_numpy_ref_raises(case, rng):
+    name, args, kwargs = HF_BAD[case]
+    params = gqa_params(rng)
+    with pytest.raises(ValueError) as want:
+        getattr(nr_interop, name)(params, *args, **kwargs)
+    with pytest.raises(ValueError) as got:
+        getattr(interop, name)(to_jax(params), *args, **kwargs)
+    assert str(got.value) == str(want.value)
+    assert str(got.value).split(":")[0] in ("num_heads", "params.w_k", "rope", "num_kv_heads")
+
+
+def test_flax_mha_with_our_weights_gives_our_multi_head_attention(rng):
+    """flax.nnx.MultiHeadAttention (grouped k/v heads) holding mha_params_to_flax's
+    state, against jax_impl.multi_head_attention with a padding mask."""
+    pytest.importorskip("flax")
+    from flax import nnx
+
+    params = to_jax(gqa_params(rng))
+    abstract = nnx.eval_shape(lambda: nnx.MultiHeadAttention(
+        num_heads=H, in_features=D, qkv_features=D, out_features=D, num_kv_heads=HKV, use_bias=True,
+        decode=False, dtype=jnp.float64, param_dtype=jnp.float64, precision=jax.lax.Precision.HIGHEST,
+        rngs=nnx.Rngs(0)))
+    graphdef, _ = nnx.split(abstract)
+    layer = nnx.merge(graphdef, nnx.State(interop.mha_params_to_flax(params, H, HKV)))
+    q, k, v = (jnp.asarray(rng.normal(size=(B, n, D))) for n in (LQ, LK, LK))
+    mask = ji.padding_mask(jnp.asarray(np.array([4, LK])), max_len=LK)  # (B, 1, 1, Lk)
+    theirs = layer(q, k, v, mask=mask, sow_weights=True)  # its own weights path: float64 throughout
+    ours, _ = ji.multi_head_attention(q, k, v, params, H, mask=mask, num_kv_heads=HKV)
+    np.testing.assert_allclose(np.asarray(theirs), np.asarray(ours), rtol=1e-10, atol=1e-12)
+    assert_same_tree(interop.mha_params_from_flax(nnx.to_pure_dict(nnx.state(layer, nnx.Param))), params)

@@ -24,7 +24,7 @@ from numpy_ref import interop as nr_interop  # noqa: E402
 
 from ..dims import A, B, D, DH, DK, DQ, DV, FF, H, LK, LQ  # noqa: E402
 from ..tiers import first_of_each  # noqa: E402
-from .conftest import STATIC, jitted, to_jax, to_numpy  # noqa: E402
+from .conftest import INTEROP_STATIC, STATIC, jitted, to_jax, to_numpy  # noqa: E402
 
 TOL = dict(rtol=1e-12, atol=1e-13)  # the same float64 program, fused or not
 TOL32 = dict(rtol=1e-6, atol=1e-7)  # the float32 initialisers: one ulp from fusion
@@ -123,6 +123,13 @@ def _calls(rng):
         "encoder_layer_params_from_torch": ((nr_interop.encoder_layer_params_to_torch(layer),), {}),
         "mask_from_torch": ((), {"attn_mask": ~causal, "key_padding_mask": ~_pad([3, 7])[:, 0, 0]}),
         "mask_to_torch": ((_pad([3, 7]),), {}),
+        "mha_params_to_hf": ((_mqa(mha),), {"num_heads": H, "num_kv_heads": 1, "rope": "interleaved"}),
+        "mha_params_from_hf": ((nr_interop.mha_params_to_hf(_mqa(mha), H, 1, rope="interleaved"),),
+                               {"num_heads": H, "num_kv_heads": 1, "rope": "interleaved"}),
+        "encoder_layer_params_to_hf": ((layer,), {}),
+        "encoder_layer_params_from_hf": ((nr_interop.encoder_layer_params_to_hf(layer),), {}),
+        "mha_params_to_flax": ((_mqa(mha),), {"num_heads": H, "num_kv_heads": 1}),
+        "mha_params_from_flax": ((nr_interop.mha_params_to_flax(_mqa(mha), H, 1),), {}),
         "heads_to_blhd": ((_n(rng, B, H, LQ, DH),), {}),
         "heads_from_blhd": ((_n(rng, B, LQ, H, DH),), {}),
         **_seq2seq_calls(rng, key),
@@ -223,7 +230,9 @@ PUBLIC = sorted(
 def test_every_public_function_has_a_jit_call_and_static_arguments():
     calls = _calls(np.random.default_rng(0))
     assert sorted(calls) == PUBLIC
-    assert set(PUBLIC) - set(interop.__all__) == set(STATIC)
+    # every function has its static arguments named; of interop's, those that take a head count
+    assert set(PUBLIC) - set(interop.__all__) == set(STATIC) - set(INTEROP_STATIC)
+    assert set(INTEROP_STATIC) <= set(interop.__all__)
 
 
 #: functions of static arguments only that return plain Python (a block schedule), not arrays:

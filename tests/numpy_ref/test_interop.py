@@ -426,3 +426,138 @@ def test_decoder_side_bad_input_raises_with_the_argument_name(call, exc, name, g
     message = str(info.value)
     assert message.startswith(f"{name}: "), message
     assert got in message, message
+
+
+# --------------------------------------------------------------------------- Hugging Face and Flax NNX
+# LlamaAttention & co. (q/k/v/o_proj, grouped k/v heads), BertLayer, nnx.MultiHeadAttention
+
+HKV = 1  # grouped: 3 query heads share one k/v head
+ROWS_HALF = np.concatenate([h * DH + np.array([0, 2, 1, 3]) for h in range(H)])  # rope_permutation(4) per head
+
+
+def gqa_params(seed=0, Hkv=HKV):
+    rng = np.random.default_rng(seed)
+    return random_tree(init_multi_head_attention(rng, D, num_heads=H, num_kv_heads=Hkv), rng)
+
+
+def test_mha_to_hf_transposes_each_projection_with_grouped_kv_rows():
+    p = gqa_params()
+    state = interop.mha_params_to_hf(p, H, HKV)
+    assert {k: v.shape for k, v in state.items()} == {
+        "q_proj.weight": (D, D), "q_proj.bias": (D,), "k_proj.weight": (HKV * DH, D), "k_proj.bias": (HKV * DH,),
+        "v_proj.weight": (HKV * DH, D), "v_proj.bias": (HKV * DH,), "o_proj.weight": (D, D), "o_proj.bias": (D,)}
+    for x in "qkvo":
+        np.testing.assert_array_equal(state[f"{x}_proj.weight"], p[f"w_{x}"].T)
+        np.testing.assert_array_equal(state[f"{x}_proj.bias"], p[f"b_{x}"])
+        assert state[f"{x}_proj.weight"].flags.c_contiguous
+        assert not np.shares_memory(state[f"{x}_proj.weight"], p[f"w_{x}"])
+    assert_trees_equal(interop.mha_params_to_hf(p, H, HKV, rope="half"), state)
+
+
+def test_mha_to_hf_interleaved_permutes_each_heads_q_and_k_rows_evens_then_odds():
+    from numpy_ref.variants import convert_rope_params
+
+    p = gqa_params()
+    state = interop.mha_params_to_hf(p, H, HKV, rope="interleaved")
+    np.testing.assert_array_equal(state["q_proj.weight"], p["w_q"].T[ROWS_HALF])
+    np.testing.assert_array_equal(state["q_proj.bias"], p["b_q"][ROWS_HALF])
+    np.testing.assert_array_equal(state["k_proj.weight"], p["w_k"].T[[0, 2, 1, 3]])
+    np.testing.assert_array_equal(state["v_proj.weight"], p["w_v"].T)  # values do not rotate
+    np.testing.assert_array_equal(state["o_proj.weight"], p["w_o"].T)
+    # SPEC 3.23: the same as convert_rope_params(..., to="half"), then no permutation
+    assert_trees_equal(state, interop.mha_params_to_hf(convert_rope_params(p, H, num_kv_heads=HKV), H, HKV))
+
+
+@pytest.mark.parametrize("rope", [None, "half", "interleaved"])
+@pytest.mark.parametrize("Hkv", [H, HKV])
+def test_mha_params_round_trip_through_hf_exactly(rope, Hkv):
+    p = gqa_params(Hkv=Hkv)
+    assert_trees_equal(interop.mha_params_from_hf(interop.mha_params_to_hf(p, H, Hkv, rope), H, Hkv, rope), p)
+
+
+def test_mha_from_hf_reads_a_missing_bias_as_zeros_and_ignores_extra_keys():
+    p = gqa_params()
+    state = interop.mha_params_to_hf(p, H, HKV)
+    qwen2 = {k: v for k, v in state.items() if k != "o_proj.bias"}  # Qwen2's o_proj has no bias
+    back = interop.mha_params_from_hf({**qwen2, "rotary_emb.inv_freq": np.ones(2)}, H, HKV)
+    np.testing.assert_array_equal(back["b_o"], np.zeros(D))
+    no_bias = interop.mha_params_from_hf({k: v for k, v in state.items() if k.endswith("weight")}, H, HKV)
+    assert no_bias["b_k"].shape == (HKV * DH,) and not no_bias["b_k"].any()
+    np.testing.assert_array_equal(no_bias["w_k"], p["w_k"])
+
+
+def test_encoder_layer_to_hf_names_bert_layers_entries_and_round_trips():
+    p = layer_params()
+    state = interop.encoder_layer_params_to_hf(p)
+    assert {k: v.shape for k, v in state.items()} == {
+        **{f"attention.self.{m}.{w}": (D, D) if w == "weight" else (D,)
+           for m in ("query", "key", "value") for w in ("weight", "bias")},
+        "attention.output.dense.weight": (D, D), "attention.output.dense.bias": (D,),
+        "attention.output.LayerNorm.weight": (D,), "attention.output.LayerNorm.bias": (D,),
+        "intermediate.dense.weight": (F, D), "intermediate.dense.bias": (F,),
+        "output.dense.weight": (D, F), "output.dense.bias": (D,),
+        "output.LayerNorm.weight": (D,), "output.LayerNorm.bias": (D,)}
+    np.testing.assert_array_equal(state["attention.self.key.weight"], p["self_attn"]["w_k"].T)
+    np.testing.assert_array_equal(state["attention.output.LayerNorm.weight"], p["norm1"]["gamma"])
+    np.testing.assert_array_equal(state["intermediate.dense.weight"], p["ffn"]["w_1"].T)
+    np.testing.assert_array_equal(state["output.dense.weight"], p["ffn"]["w_2"].T)
+    np.testing.assert_array_equal(state["output.LayerNorm.bias"], p["norm2"]["beta"])
+    assert_trees_equal(interop.encoder_layer_params_from_hf(state), p)
+
+
+@pytest.mark.parametrize("Hkv", [H, HKV])
+def test_mha_to_flax_reshapes_columns_into_heads_and_round_trips(Hkv):
+    p = gqa_params(Hkv=Hkv)
+    state = interop.mha_params_to_flax(p, H, Hkv)
+    assert {m: {k: v.shape for k, v in leaves.items()} for m, leaves in state.items()} == {
+        "query": {"kernel": (D, H, DH), "bias": (H, DH)}, "key": {"kernel": (D, Hkv, DH), "bias": (Hkv, DH)},
+        "value": {"kernel": (D, Hkv, DH), "bias": (Hkv, DH)}, "out": {"kernel": (H, DH, D), "bias": (D,)}}
+    h, d = H - 1, 2  # column h·Dh + d is head h's feature d
+    np.testing.assert_array_equal(state["query"]["kernel"][:, h, d], p["w_q"][:, h * DH + d])
+    np.testing.assert_array_equal(state["out"]["kernel"][h, d], p["w_o"][h * DH + d])
+    assert not np.shares_memory(state["query"]["kernel"], p["w_q"])
+    assert_trees_equal(interop.mha_params_from_flax(state), p)
+
+
+def _flax_state(Hkv=HKV):
+    return interop.mha_params_to_flax(gqa_params(Hkv=Hkv), H, Hkv)
+
+
+HF_BAD = [
+    ("mha_to_hf/H-not-dividing-D", lambda: interop.mha_params_to_hf(gqa_params(), 5),
+     ValueError, "num_heads", "d_model=12"),
+    ("mha_to_hf/w_k-shape", lambda: interop.mha_params_to_hf(gqa_params(), H),
+     ValueError, "params.w_k", "(12, 4)"),  # num_kv_heads=None: H k/v heads, w_k (12, 12) expected
+    ("mha_to_hf/rope", lambda: interop.mha_params_to_hf(gqa_params(), H, HKV, rope="neox"),
+     ValueError, "rope", "'neox'"),
+    ("mha_from_hf/missing-k_proj.weight", lambda: interop.mha_params_from_hf(
+        {k: v for k, v in interop.mha_params_to_hf(gqa_params(), H, HKV).items() if k != "k_proj.weight"}, H, HKV),
+     ValueError, "state", "'k_proj.weight'"),
+    ("mha_from_hf/k_proj.weight-shape", lambda: interop.mha_params_from_hf(
+        interop.mha_params_to_hf(gqa_params(), H, HKV), H),
+     ValueError, "state[k_proj.weight]", "(4, 12)"),
+    ("encoder_layer_from_hf/output.dense-shape", lambda: interop.encoder_layer_params_from_hf(
+        {**interop.encoder_layer_params_to_hf(layer_params()), "output.dense.weight": np.zeros((D, F - 1))}),
+     ValueError, "state[output.dense.weight]", "(12, 19)"),
+    ("mha_to_flax/kv-heads", lambda: interop.mha_params_to_flax(gqa_params(Hkv=H), H, 2),
+     ValueError, "num_kv_heads", "got 2"),
+    ("mha_from_flax/missing-out.bias", lambda: interop.mha_params_from_flax(
+        {**_flax_state(), "out": {"kernel": _flax_state()["out"]["kernel"]}}),
+     ValueError, "state.out", "'bias'"),
+    ("mha_from_flax/kv-heads-not-dividing", lambda: interop.mha_params_from_flax({
+        **_flax_state(), "key": {"kernel": np.zeros((D, 2, DH)), "bias": np.zeros((2, DH))},
+        "value": {"kernel": np.zeros((D, 2, DH)), "bias": np.zeros((2, DH))}}),
+     ValueError, "state.key.kernel", "(12, 2, 4)"),
+    ("mha_from_flax/out-kernel-shape", lambda: interop.mha_params_from_flax(
+        {**_flax_state(), "out": {"kernel": np.zeros((D, D)), "bias": np.zeros(D)}}),
+     ValueError, "state.out.kernel", "(12, 12)"),
+]
+
+
+@pytest.mark.parametrize("call, exc, name, got", [b[1:] for b in HF_BAD], ids=[b[0] for b in HF_BAD])
+def test_hf_and_flax_bad_input_raises_with_the_argument_name(call, exc, name, got):
+    with pytest.raises(exc) as info:
+        call()
+    message = str(info.value)
+    assert message.startswith(f"{name}: "), message
+    assert got in message, message

@@ -413,3 +413,143 @@ def test_torch_and_numpy_raise_the_same_error_for_the_same_bad_call(np_interop, 
     want = _error(getattr(np_interop, name), *_to_numpy(args), **kwargs)
     assert got == want
 
+
+
+# --------------------------------------------------------------------------- Hugging Face and Flax NNX
+# LlamaAttention (q/k/v/o_proj, grouped k/v heads, rotate_half RoPE), BertLayer, nnx.MultiHeadAttention
+
+HKV = 1  # grouped: 3 query heads share one k/v head
+
+
+def make_gqa_params(seed=0, Hkv=HKV, dtype=torch.float64, requires_grad=False):
+    gen = torch.Generator().manual_seed(seed)
+    Dkv = Hkv * DH
+    shapes = {"w_q": (D, D), "b_q": (D,), "w_k": (D, Dkv), "b_k": (Dkv,), "w_v": (D, Dkv), "b_v": (Dkv,),
+              "w_o": (D, D), "b_o": (D,)}
+    return {k: _randn(gen, *s, dtype=dtype).requires_grad_(requires_grad) for k, s in shapes.items()}
+
+
+@pytest.mark.parametrize("rope", [None, "half", "interleaved"])
+@pytest.mark.parametrize("Hkv", [H, HKV])
+def test_mha_params_round_trip_through_hf_and_flax_exactly(rope, Hkv):
+    params = make_gqa_params(Hkv=Hkv)
+    state = interop.mha_params_to_hf(params, H, Hkv, rope=rope)
+    assert tuple(state["k_proj.weight"].shape) == (Hkv * DH, D) and tuple(state["o_proj.weight"].shape) == (D, D)
+    assert_trees_equal(interop.mha_params_from_hf(state, H, Hkv, rope=rope), params)
+    flax = interop.mha_params_to_flax(params, H, Hkv)
+    assert tuple(flax["key"]["kernel"].shape) == (D, Hkv, DH) and tuple(flax["out"]["kernel"].shape) == (H, DH, D)
+    assert_trees_equal(interop.mha_params_from_flax(flax), params)
+
+
+def test_encoder_layer_params_round_trip_through_bert_layers_keys_exactly():
+    params = make_layer_params()
+    state = interop.encoder_layer_params_to_hf(params)
+    assert tuple(state["intermediate.dense.weight"].shape) == (FF, D)
+    assert_trees_equal(interop.encoder_layer_params_from_hf(state), params)
+
+
+def test_torch_and_numpy_give_the_same_hf_and_flax_layouts(np_interop):
+    params = make_gqa_params()
+    for rope in (None, "interleaved"):
+        state = interop.mha_params_to_hf(params, H, HKV, rope=rope)
+        assert_same_as_numpy(state, np_interop.mha_params_to_hf(_to_numpy(params), H, HKV, rope=rope))
+        assert_same_as_numpy(interop.mha_params_from_hf(state, H, HKV, rope=rope),
+                             np_interop.mha_params_from_hf(_to_numpy(state), H, HKV, rope=rope))
+    assert_same_as_numpy(interop.mha_params_to_flax(params, H, HKV),
+                         np_interop.mha_params_to_flax(_to_numpy(params), H, HKV))
+    layer = make_layer_params()
+    assert_same_as_numpy(interop.encoder_layer_params_to_hf(layer),
+                         np_interop.encoder_layer_params_to_hf(_to_numpy(layer)))
+
+
+def test_mha_params_to_hf_and_to_flax_let_gradients_flow_back():
+    params = make_gqa_params(requires_grad=True)
+    state = interop.mha_params_to_hf(params, H, HKV, rope="interleaved")
+    flax = interop.mha_params_to_flax(params, H, HKV)
+    weights = torch.arange(D * D, dtype=torch.float64).reshape(D, D)
+    ((state["q_proj.weight"] * weights).sum() + state["k_proj.bias"].sum() + flax["out"]["kernel"].sum()).backward()
+    perm = [h * DH + i for h in range(H) for i in (0, 2, 1, 3)]
+    assert torch.equal(params["w_q"].grad, weights[torch.argsort(torch.tensor(perm))].t())
+    assert torch.equal(params["b_k"].grad, torch.ones(HKV * DH, dtype=torch.float64))
+    assert torch.equal(params["w_o"].grad, torch.ones(D, D, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("case", ["H-not-dividing-D", "w_k-shape", "rope", "from_hf-heads", "from_hf-shape",
+                                  "flax-kv-heads"])
+def test_hf_and_flax_bad_calls_raise_what_numpy_raises_naming_the_argument(np_interop, case):
+    params = make_gqa_params()
+    calls = {
+        "H-not-dividing-D": ("mha_params_to_hf", (params, 5), {}, "num_heads: "),
+        "w_k-shape": ("mha_params_to_hf", (params, H), {}, "params.w_k: "),
+        "rope": ("mha_params_to_hf", (params, H, HKV), {"rope": "neox"}, "rope: "),
+        "from_hf-heads": ("mha_params_from_hf", (interop.mha_params_to_hf(params, H, HKV), 5), {},
+                          "num_heads: "),
+        "from_hf-shape": ("mha_params_from_hf", (interop.mha_params_to_hf(params, H, HKV), H), {},
+                          "state[k_proj.weight]: "),
+        "flax-kv-heads": ("mha_params_to_flax", (params, H, 2), {}, "num_kv_heads: "),
+    }
+    name, args, kwargs, starts = calls[case]
+    got = _error(getattr(interop, name), *args, **kwargs)
+    assert got[0] is ValueError and got[1].startswith(starts), got
+    assert got == _error(getattr(np_interop, name), *_to_numpy(args), **kwargs)
+
+
+def test_llama_attention_with_mha_params_to_hf_gives_our_causal_rope_attention():
+    """transformers' LlamaAttention (attention_bias=True, head_dim = D / H, no download),
+    its rotary (cos, sin) at 0 .. L-1 and create_causal_mask, against our
+    multi_head_attention(rope="half", causal mask); grouped heads."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+    from transformers.masking_utils import create_causal_mask
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    import torch_impl
+
+    params = make_gqa_params()
+    config = LlamaConfig(hidden_size=D, num_attention_heads=H, num_key_value_heads=HKV, head_dim=DH,
+                         num_hidden_layers=1, intermediate_size=D, vocab_size=8, attention_bias=True,
+                         attention_dropout=0.0, attn_implementation="sdpa",
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    layer = LlamaAttention(config, layer_idx=0).double().eval()
+    layer.load_state_dict(interop.mha_params_to_hf(params, H, HKV, rope="half"))
+    x = _randn(torch.Generator().manual_seed(3), B, LQ, D)
+    pos = torch.arange(LQ)[None]
+    with torch.no_grad():
+        mask = create_causal_mask(config=config, inputs_embeds=x, attention_mask=torch.ones(B, LQ, dtype=torch.int64),
+                                  cache=None, position_ids=pos)
+        theirs, _ = layer(x, LlamaRotaryEmbedding(config)(x, pos), mask)
+        ours, _ = torch_impl.multi_head_attention(x, x, x, params, H, mask=torch_impl.causal_mask(LQ),
+                                                  num_kv_heads=HKV, rope="half")
+    # the library's rotary table is float32-accurate even in float64
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
+    # rope="interleaved": the same layer with the converted rows computes our interleaved RoPE
+    layer.load_state_dict(interop.mha_params_to_hf(params, H, HKV, rope="interleaved"))
+    with torch.no_grad():
+        theirs, _ = layer(x, LlamaRotaryEmbedding(config)(x, pos), mask)
+        ours, _ = torch_impl.multi_head_attention(x, x, x, params, H, mask=torch_impl.causal_mask(LQ),
+                                                  num_kv_heads=HKV, rope="interleaved")
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
+
+
+def test_bert_layer_with_encoder_layer_params_to_hf_gives_our_post_norm_encoder_layer():
+    pytest.importorskip("transformers")
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    import torch_impl
+
+    params = make_layer_params()
+    eps = 1e-6
+    config = BertConfig(hidden_size=D, num_attention_heads=H, intermediate_size=FF, hidden_act="gelu",
+                        layer_norm_eps=eps, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                        attn_implementation="eager")
+    layer = BertLayer(config).double().eval()
+    state = interop.encoder_layer_params_to_hf(params)
+    assert set(state) == set(layer.state_dict())
+    layer.load_state_dict(state)
+    x = _randn(torch.Generator().manual_seed(4), B, LQ, D)
+    with torch.no_grad():
+        out = layer(x)
+        theirs = out if isinstance(out, torch.Tensor) else out[0]
+        ours = torch_impl.encoder_layer(x, params, H, norm_first=False, activation="gelu", eps=eps)
+    torch.testing.assert_close(theirs, ours, rtol=1e-10, atol=1e-10)
