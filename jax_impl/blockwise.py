@@ -135,7 +135,7 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
     sched = _blocks.block_schedule(Lq, Lk, block_q, block_k, causal, window, align)
     dtype = q.dtype
     lse_dtype = jnp.float32 if dtype in _HALF else dtype
-    if sched.max_k_blocks == 0:  # Lq = 0, Lk = 0, or no row sees any key
+    if sched.max_k_blocks == 0 or 0 in batch:  # an empty batch, Lq = 0, Lk = 0, or no row sees any key
         return jnp.zeros((*batch, Lq, Dv), dtype), jnp.full((*batch, Lq), -jnp.inf, lse_dtype)
     # the whole recurrence in float32 for half inputs; scale folded into q as the dense sdpa does
     q, k, v = _upcast(q) * _scale(q, scale), _upcast(k), _upcast(v)
@@ -187,7 +187,7 @@ def _attend_blocks(q, k, v, mask, bias, sched, softcap=None, slopes=None):
 
     xs = (jnp.arange(nq), kb0s, kb1s, q_blocks, per_row)
     out, lse = lax.map(query_block, xs)  # (nq, *batch, bq, Dv), (nq, *batch, bq)
-    out = jnp.moveaxis(out, 0, -3).reshape(*batch, nq * bq, -1)[..., :Lq, :]  # (*batch, Lq, Dv)
+    out = jnp.moveaxis(out, 0, -3).reshape(*batch, nq * bq, v.shape[-1])[..., :Lq, :]  # (*batch, Lq, Dv)
     lse = jnp.moveaxis(lse, 0, -2).reshape(*batch, nq * bq)[..., :Lq]  # (*batch, Lq)
     return out, lse
 

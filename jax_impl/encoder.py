@@ -142,7 +142,7 @@ def _init_stack(init_layer, rng, num_layers, d_model, d_ff, final_norm, dtype):
     """``{"layers": [num_layers init_layer(...)], "norm"?: ...}``, ``rng`` split into
     one key per layer: the body of :func:`init_encoder` and ``init_decoder``."""
     rng, dtype = _key(rng, required=True), float_dtype(dtype)
-    rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
+    num_layers, d_model, d_ff = rules.init_stack(num_layers, d_model, d_ff, final_norm)  # SPEC 3.16
     keys = jax.random.split(rng, num_layers)
     params = {"layers": [init_layer(k, d_model, d_ff, dtype) for k in keys]}
     if final_norm:

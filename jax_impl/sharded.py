@@ -22,6 +22,7 @@ not an array (``scale``, ``causal``, ``align``, ``layout``, ``num_shards``,
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -89,7 +90,7 @@ def shard_sequence(x, num_shards, *, layout="contiguous", axis=-2):
     """``x`` cut along ``axis`` into the shards of :func:`shard_positions`: a list of
     ``num_shards`` arrays, shard ``r`` holding ``x.take(shard_positions(...)[r], axis)``
     (by slices, no gather)."""
-    axis = rules.shard_sequence(x, num_shards, layout, axis)  # SPEC 3.24
+    axis, num_shards = rules.shard_sequence(x, num_shards, layout, axis)  # SPEC 3.24
     positions = _ring.shard_positions(x.shape[axis], num_shards, layout)
     return [_take(x, p, axis) for p in positions]
 
@@ -246,9 +247,9 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
       inputs. Global arrays, sharded over the ring's axis in contiguous blocks
       of the sequence.
     """
-    G = rules.ring_attention(q, k, v, mask, scale, causal, align, layout,
-                             _ring_size(num_shards, mesh, axis_name))  # SPEC 3.24
-    mesh, axis_name = _ring_mesh(num_shards, mesh, axis_name)
+    G, N = rules.ring_attention(q, k, v, mask, scale, causal, align, layout,
+                                _ring_size(num_shards, mesh, axis_name))  # SPEC 3.24
+    mesh, axis_name = _ring_mesh(None if num_shards is None else N, mesh, axis_name)
     run = _ring_program(mesh, axis_name, None if scale is None else float(scale), bool(causal), align,
                         layout, G, mask is not None)
     return run(q, k, v, mask)
@@ -460,17 +461,20 @@ def sharded_attention(q, k, v, mask=None, scale=None, *, batch_shards=1, head_sh
       batch_axis, head_axis: the mesh axis names.
 
     Returns:
-      ``out (*batch, Lq, Dv)``: a global ``jax.Array`` sharded as the inputs.
+      ``out (*batch, Lq, Dv)``: a global ``jax.Array`` sharded as the inputs
+      (an empty result, a batch or Lq of 0, is an unsharded array of zeros).
     """
-    rules.sharded_attention(q, k, v, mask, scale,
-                            *_grid_size(batch_shards, head_shards, mesh, batch_axis, head_axis))  # SPEC 3.24
-    bs, hs = _grid_size(batch_shards, head_shards, mesh, batch_axis, head_axis)
+    _, bs, hs = rules.sharded_attention(q, k, v, mask, scale,
+                                        *_grid_size(batch_shards, head_shards, mesh, batch_axis,
+                                                    head_axis))  # SPEC 3.24
     if mesh is None:
         devices = jax.devices()
         if bs * hs > len(devices):
             raise ValueError(f"batch_shards: expected batch_shards * head_shards at most the {len(devices)} "
                              f"devices of jax.devices(), got {bs} * {hs}")
         mesh = _mesh_of(tuple(devices[:bs * hs]), (bs, hs), (batch_axis, head_axis))
+    if math.prod(q.shape[:-1]) == 0:  # nothing to compute: an empty array, not an empty sharded one
+        return jnp.zeros((*q.shape[:-1], v.shape[-1]), q.dtype)  # (JAX cannot read the latter back)
     names = mesh.axis_names
     b_ax = batch_axis if batch_axis in names else None
     h_ax = head_axis if head_axis in names and q.ndim == 4 else None

@@ -193,8 +193,8 @@ def greedy_decode(src, params, num_heads, *, bos, max_len, src_lengths=None, use
     Returns:
       int ``tokens (B, max_len)`` (``bos`` not included).
     """
-    bos, max_len = rules.greedy_decode(src, params, num_heads, bos, max_len, src_lengths,
-                                       use_cache, tie_embeddings, norm_first, activation, eps)
+    num_heads, bos, max_len = rules.greedy_decode(src, params, num_heads, bos, max_len, src_lengths,
+                                                  use_cache, tie_embeddings, norm_first, activation, eps)
     cfg = (num_heads, tie_embeddings, norm_first, activation, eps)
     if max_len == 0:
         return jnp.zeros((src.shape[0], 0), _index_dtype())
@@ -219,8 +219,9 @@ def sample_decode(src, params, num_heads, *, bos, max_len, rng, temperature=1.0,
     Returns:
       int ``tokens (B, max_len)``.
     """
-    bos, max_len = rules.sample_decode(src, params, num_heads, bos, max_len, src_lengths,
-                                       temperature, tie_embeddings, norm_first, activation, eps)
+    num_heads, bos, max_len = rules.sample_decode(src, params, num_heads, bos, max_len, src_lengths,
+                                                  temperature, tie_embeddings, norm_first, activation,
+                                                  eps)
     rng = _key(rng, required=True)
     cfg = (num_heads, tie_embeddings, norm_first, activation, eps)
 

@@ -135,7 +135,7 @@ def _init_stack(init_layer, rng, num_layers, d_model, d_ff, final_norm, dtype):
     """``{"layers": [num_layers init_layer(...)], "norm"?: ...}``, the layers drawn in turn
     from ``rng``: the body of :func:`init_encoder` and ``init_decoder``."""
     rng, dtype = _generator(rng), float_dtype(dtype)
-    rules.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)  # num_layers >= 0, widths >= 1
+    num_layers, d_model, d_ff = rules.init_stack(num_layers, d_model, d_ff, final_norm)  # SPEC 3.16
     params = {"layers": [init_layer(rng, d_model, d_ff, dtype) for _ in range(num_layers)]}
     if final_norm:
         params["norm"] = init_layer_norm(d_model, dtype)

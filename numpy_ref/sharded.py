@@ -105,7 +105,7 @@ def ring_schedule(Lq, Lk, num_shards, *, causal=False, align="top_left", layout=
 def shard_sequence(x, num_shards, *, layout="contiguous", axis=-2):
     """``x`` cut along ``axis`` into the shards of :func:`shard_positions`: a list of
     ``num_shards`` arrays, shard ``r`` holding ``x.take(shard_positions(...)[r], axis)``."""
-    axis = rules.shard_sequence(x, num_shards, layout, axis)  # SPEC 3.24
+    axis, num_shards = rules.shard_sequence(x, num_shards, layout, axis)  # SPEC 3.24
     return _shard(x, num_shards, layout, axis)
 
 
@@ -215,7 +215,7 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
     Returns:
       ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; ``lse`` float32 for half inputs.
     """
-    G = rules.ring_attention(q, k, v, mask, scale, causal, align, layout, num_shards)  # SPEC 3.24
+    G, num_shards = rules.ring_attention(q, k, v, mask, scale, causal, align, layout, num_shards)  # SPEC 3.24
     ring = _Ring(q, k, mask, scale, causal, align, layout, num_shards, G)
     out, lse = ring.forward(q, k, v)
     return out.astype(q.dtype, copy=False), lse  # rounded once
@@ -233,7 +233,7 @@ def ring_attention_backward(d_out, q, k, v, mask=None, scale=None, *, causal=Fal
     Returns:
       ``{"q", "k", "v"}`` (``k``, ``v`` with their own heads).
     """
-    G = rules.ring_attention(q, k, v, mask, scale, causal, align, layout, num_shards)  # SPEC 3.24
+    G, num_shards = rules.ring_attention(q, k, v, mask, scale, causal, align, layout, num_shards)  # SPEC 3.24
     d_out, d_lse = rules.blockwise_cotangents(d_out, q, v, out, lse)
     ring = _Ring(q, k, mask, scale, causal, align, layout, num_shards, G)
     if out is None or lse is None:
@@ -383,7 +383,8 @@ def sharded_attention(q, k, v, mask=None, scale=None, *, batch_shards=1, head_sh
     Returns:
       ``out (*batch, Lq, Dv)``.
     """
-    rules.sharded_attention(q, k, v, mask, scale, batch_shards, head_shards)  # SPEC 3.24
+    _, batch_shards, head_shards = rules.sharded_attention(q, k, v, mask, scale, batch_shards,
+                                                           head_shards)  # SPEC 3.24
     rows = []
     for b in _cuts(q.shape[0], batch_shards):
         cols = []
@@ -401,7 +402,8 @@ def sharded_attention_backward(d_out, q, k, v, mask=None, scale=None, *, batch_s
     Returns:
       ``{"q", "k", "v"}`` (``k``, ``v`` with their own heads).
     """
-    rules.sharded_attention(q, k, v, mask, scale, batch_shards, head_shards)  # SPEC 3.24
+    _, batch_shards, head_shards = rules.sharded_attention(q, k, v, mask, scale, batch_shards,
+                                                           head_shards)  # SPEC 3.24
     grads = {"q": np.zeros_like(q), "k": np.zeros_like(k), "v": np.zeros_like(v)}
     for b in _cuts(q.shape[0], batch_shards):
         for h in _cuts(q.shape[1], head_shards) if q.ndim == 4 else [slice(None)]:

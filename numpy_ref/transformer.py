@@ -326,7 +326,7 @@ def greedy_decode(src, params, num_heads, *, bos, max_len, src_lengths=None, use
     Returns:
       int64 ``tokens (B, max_len)``, ``bos`` not included.
     """
-    bos, max_len = rules.greedy_decode(  # params, src ids, lengths, bos in [0, Vt), max_len >= 0
+    num_heads, bos, max_len = rules.greedy_decode(  # params, src ids, lengths, bos in [0, Vt), max_len >= 0
         src, params, num_heads, bos, max_len, src_lengths, use_cache, tie_embeddings, norm_first,
         activation, eps)
     decode = _decode_cached if use_cache else _decode_recomputed
@@ -354,7 +354,7 @@ def sample_decode(src, params, num_heads, *, bos, max_len, rng, temperature=1.0,
     Returns:
       int64 ``tokens (B, max_len)``, ``bos`` not included.
     """
-    bos, max_len = rules.sample_decode(  # as greedy_decode, and temperature > 0
+    num_heads, bos, max_len = rules.sample_decode(  # as greedy_decode, and temperature > 0
         src, params, num_heads, bos, max_len, src_lengths, temperature, tie_embeddings,
         norm_first, activation, eps)
     if rng is None:  # required: a draw from a fresh generator cannot be reproduced

@@ -103,7 +103,7 @@ def shard_sequence(x, num_shards, *, layout="contiguous", axis=-2):
     """``x`` cut along ``axis`` into the shards of :func:`shard_positions`: a list of
     ``num_shards`` tensors, shard ``r`` holding ``x.index_select(axis, shard_positions(...)[r])``
     (copies; differentiable)."""
-    axis = rules.shard_sequence(x, num_shards, layout, axis)  # SPEC 3.24
+    axis, num_shards = rules.shard_sequence(x, num_shards, layout, axis)  # SPEC 3.24
     positions = _ring.shard_positions(x.shape[axis], num_shards, layout)
     return [x.index_select(axis, _index(p, x.device)) for p in positions]
 
@@ -417,7 +417,8 @@ def sharded_attention(q, k, v, mask=None, scale=None, *, batch_shards=1, head_sh
       ValueError naming ``batch_shards`` when a group's world size is not
       ``batch_shards * head_shards``.
     """
-    rules.sharded_attention(q, k, v, mask, scale, batch_shards, head_shards)  # SPEC 3.24
+    _, batch_shards, head_shards = rules.sharded_attention(q, k, v, mask, scale, batch_shards,
+                                                           head_shards)  # SPEC 3.24
     world = _world(group)
     if world == 1:
         rows = []

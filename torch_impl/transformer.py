@@ -184,7 +184,7 @@ def greedy_decode(src, params, num_heads, *, bos, max_len, src_lengths=None, use
     Returns:
       int64 ``(B, max_len)``, bos not included.
     """
-    bos, max_len = rules.greedy_decode(  # src and params as transformer, bos in [0, Vt), max_len
+    num_heads, bos, max_len = rules.greedy_decode(  # src and params as transformer, bos in [0, Vt), max_len
         src, params, num_heads, bos, max_len, src_lengths, use_cache, tie_embeddings, norm_first,
         activation, eps)
     pick = lambda logits: torch.argmax(logits, dim=-1)  # noqa: E731  (first maximum)
@@ -213,7 +213,7 @@ def sample_decode(src, params, num_heads, *, bos, max_len, rng, temperature=1.0,
     Returns:
       int64 ``(B, max_len)``.
     """
-    bos, max_len = rules.sample_decode(  # as greedy_decode, then temperature > 0
+    num_heads, bos, max_len = rules.sample_decode(  # as greedy_decode, then temperature > 0
         src, params, num_heads, bos, max_len, src_lengths, temperature, tie_embeddings,
         norm_first, activation, eps)
     if rng is None:  # required: a sample must be reproducible from its arguments

@@ -195,14 +195,15 @@ class Rules(ArrayRules):
         self.choice(align, "align", ALIGNS)
         return int(Lq), int(Lk), int(num_shards), causal, align, layout
 
-    def ring_attention(self, q, k, v, mask, scale, causal, align, layout, num_shards) -> int:
+    def ring_attention(self, q, k, v, mask, scale, causal, align, layout, num_shards) -> tuple:
         """``ring_attention`` (the global view: numpy_ref, jax_impl): sdpa's arrays
         (no bias, no dropout; grouped k/v heads allowed), a causal flag, an
         alignment, a layout, ``num_shards >= 1`` dividing ``Lq`` and ``Lk``
-        (twice over for zigzag). Returns the group size ``G``."""
+        (twice over for zigzag). Returns the group size and the shard count as
+        Python ints, ``(G, N)``."""
         G = self.sdpa(q, k, v, mask, None, scale, 0.0, None)
-        self._ring_lengths(q, k, causal, align, layout, num_shards, local=False)
-        return G
+        N, _ = self._ring_lengths(q, k, causal, align, layout, num_shards, local=False)
+        return G, N
 
     def ring_shard(self, q, k, v, mask, scale, causal, align, layout, num_shards) -> int:
         """``ring_attention`` on one rank (torch_impl: the local view): this rank's
@@ -268,16 +269,17 @@ class Rules(ArrayRules):
             self.same_device(x, name, outs, "outs")
         return d_out, d_lse
 
-    def shard_sequence(self, x, num_shards, layout, axis) -> int:
+    def shard_sequence(self, x, num_shards, layout, axis) -> tuple:
         """``shard_sequence``: an array, a positive shard count, a layout, an axis in
-        range whose length splits into the shards. Returns the axis (non-negative)."""
+        range whose length splits into the shards. Returns ``(axis, N)``: the axis
+        (non-negative) and the shard count as a Python int."""
         self.array(x, "x")
         per_shard = self.layout(layout)
         N = self.count(num_shards, "num_shards", 1)
         axis = self._axis(axis, x, "x")
         letters = tuple("L" if i == axis else f"N{i}" for i in range(x.ndim))
         self._divides(x, "x", letters, axis, N, per_shard)
-        return axis
+        return axis, N
 
     def unshard_sequence(self, shards, layout, axis) -> int:
         """``unshard_sequence``: a non-empty list of arrays of one shape and dtype,
@@ -307,10 +309,11 @@ class Rules(ArrayRules):
                              f"{shape_str(x.shape)}, got {axis}")
         return operator.index(axis) % x.ndim
 
-    def sharded_attention(self, q, k, v, mask, scale, batch_shards, head_shards) -> int:
+    def sharded_attention(self, q, k, v, mask, scale, batch_shards, head_shards) -> tuple:
         """``sharded_attention``: sdpa's arrays (no bias, no dropout), ``batch_shards``
         dividing ``B``, ``head_shards`` dividing ``H`` and ``Hkv`` (rank 4; each
-        shard holds whole query groups). Returns the group size ``G``."""
+        shard holds whole query groups). Returns ``(G, batch_shards, head_shards)``:
+        the group size and the two counts as Python ints."""
         G = self.sdpa(q, k, v, mask, None, scale, 0.0, None)
         bs, hs = self.count(batch_shards, "batch_shards", 1), self.count(head_shards, "head_shards", 1)
         B = int(q.shape[0])
@@ -324,7 +327,7 @@ class Rules(ArrayRules):
             if H % hs or Hkv % hs:
                 raise ValueError(f"head_shards: expected a divisor of H={H} and of Hkv={Hkv} "
                                  f"(each shard holds whole query groups), got {hs}")
-        return G
+        return G, bs, hs
 
     def window(self, window):
         """A sliding window: None, or a pair ``(left, right)`` of non-negative ints
@@ -698,6 +701,7 @@ class Rules(ArrayRules):
     def _mask(self, mask, name, ref, ref_name, target, letters) -> None:
         if mask is None:
             return
+        self.array(mask, name)  # every caller, whatever it checked before (a list never reaches .ndim)
         self.bool_(mask, name)
         self.broadcastable(mask, name, target, letters)
         self.same_device(mask, name, ref, ref_name)
@@ -1211,32 +1215,40 @@ class Rules(ArrayRules):
         return masks
 
     def greedy_decode(self, src, params, num_heads, bos, max_len, src_lengths, use_cache,
-                      tie_embeddings, norm_first, activation, eps, temperature=None) -> tuple:
-        """``greedy_decode`` and ``sample_decode`` (with ``temperature``, a finite
-        number > 0): the transformer's params and ``src``; ``bos`` a token id in
-        ``[0, Vt)``; ``max_len >= 0``. Returns ``(bos, max_len)`` as Python ints."""
+                      tie_embeddings, norm_first, activation, eps) -> tuple:
+        """``greedy_decode``: the transformer's params and ``src``; ``bos`` a token
+        id in ``[0, Vt)``; ``max_len >= 0``; ``use_cache`` a bool. Returns
+        ``(num_heads, bos, max_len)`` as Python ints."""
+        found = self._decode(src, params, num_heads, bos, max_len, src_lengths, tie_embeddings,
+                             norm_first, activation, eps)
+        self.flag(use_cache, "use_cache")
+        return found
+
+    def sample_decode(self, src, params, num_heads, bos, max_len, src_lengths, temperature,
+                      tie_embeddings, norm_first, activation, eps) -> tuple:
+        """``sample_decode``: :meth:`greedy_decode`'s rules (no ``use_cache``) and
+        ``temperature``, a finite number > 0 (static under ``jit``). Returns
+        ``(num_heads, bos, max_len)`` as Python ints."""
+        found = self._decode(src, params, num_heads, bos, max_len, src_lengths, tie_embeddings,
+                             norm_first, activation, eps)
+        value = self.number(temperature, "temperature", static=True)
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"temperature: expected a finite number > 0, got {temperature}")
+        return found
+
+    def _decode(self, src, params, num_heads, bos, max_len, src_lengths, tie_embeddings, norm_first,
+                activation, eps) -> tuple:
+        """What both decoding loops ask; ``(num_heads, bos, max_len)``."""
         sizes, _ = self._transformer_params(params, tie_embeddings)
         self._source_tokens(src, src_lengths, "S", sizes["Vs"])
         self._params_on(params, src)
-        self.heads(num_heads, sizes["D"])
+        num_heads = self.heads(num_heads, sizes["D"])
         bos = self.integer(bos, "bos")
         if not 0 <= bos < sizes["Vt"]:
             raise ValueError(f"bos: expected a token id in [0, Vt) with Vt={sizes['Vt']}, got {bos}")
         max_len = self.count(max_len, "max_len")
-        if use_cache is not None:
-            self.flag(use_cache, "use_cache")
         self._layer_settings(norm_first, activation, eps)
-        if temperature is not None:
-            value = self.number(temperature, "temperature", static=True)
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"temperature: expected a finite number > 0, got {temperature}")
-        return bos, max_len
-
-    def sample_decode(self, src, params, num_heads, bos, max_len, src_lengths, temperature,
-                      tie_embeddings, norm_first, activation, eps) -> tuple:
-        """``sample_decode``: :meth:`greedy_decode`'s rules and ``temperature > 0``."""
-        return self.greedy_decode(src, params, num_heads, bos, max_len, src_lengths, None,
-                                  tie_embeddings, norm_first, activation, eps, temperature)
+        return num_heads, bos, max_len
 
     def init_transformer(self, src_vocab, tgt_vocab, d_model, d_ff, num_encoder_layers,
                          num_decoder_layers, final_norm, tie_embeddings) -> tuple:
@@ -1400,6 +1412,13 @@ class Rules(ArrayRules):
     def sinusoidal(self, max_len, d_model) -> tuple:
         """``sinusoidal_encoding`` and the learned table's init: ``max_len >= 0``, ``D >= 1``."""
         return self.count(max_len, "max_len"), self.count(d_model, "d_model", 1)
+
+    def init_stack(self, num_layers, d_model, d_ff, final_norm) -> tuple:
+        """``init_encoder`` / ``init_decoder``: :meth:`widths`, and ``final_norm`` a
+        bool. Returns ``(num_layers, d_model, d_ff)`` as Python ints."""
+        sizes = self.widths(num_layers=num_layers, d_model=d_model, d_ff=d_ff)
+        self.flag(final_norm, "final_norm")
+        return sizes
 
     def widths(self, **sizes) -> tuple:
         """The ``init_*`` sizes: every one an integer >= 1 (``num_layers`` >= 0)."""

@@ -353,8 +353,9 @@ class ArrayRules:
 
     def float_dtype(self, is_float: bool, dtype) -> None:
         """TypeError for a ``dtype`` argument that is not floating."""
-        if not is_float:
-            raise TypeError(f"dtype: expected a floating-point dtype, got {str(dtype).removeprefix('torch.')}")
+        if not is_float:  # a container by its type: its items print differently in each package
+            got = _type_str(dtype) if isinstance(dtype, (list, tuple, dict, set)) else str(dtype)
+            raise TypeError(f"dtype: expected a floating-point dtype, got {got.removeprefix('torch.')}")
 
     # ---- parameter dicts ----------------------------------------------------
 
