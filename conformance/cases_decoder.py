@@ -94,6 +94,9 @@ _MEMORY_MASKS = {
     "none": lambda: None,
     "padding": lambda: _pad([S - 3, S], S),  # (B, 1, 1, S)
     "fully-masked": lambda: _pad([0, S - 2], S),  # batch 0 has no source at all
+    # wait-k (simultaneous translation): target i reads the first i + 3 sources, padding on top;
+    # (B, 1, L, S), no two consecutive rows of batch 1 alike: a cache step must take its own rows
+    "per-position": lambda: _pad([S - 3, S], S) & (np.arange(S)[None, :] < np.arange(L)[:, None] + 3),
 }
 #: the self-attention masks, broadcastable to (B, H, L, L)
 _SELF_MASKS = {
@@ -241,6 +244,10 @@ _case("decoder/incremental/prefill3-singles", "decoder_incremental",
       _no_dropout(partial(_incremental, chunks=(3, 1, 1), activation="gelu", memory_mask="fully-masked",
                           num_layers=1)),
       note="batch 0 has no source: cached cross-attention rows give 0 too")
+_case("decoder/incremental/per-position-memory-mask", "decoder_incremental",
+      _no_dropout(partial(_incremental, chunks=(2, 1, 2), memory_mask="per-position", num_layers=1)),
+      note="a wait-k memory mask (B, 1, L, S) that differs between target rows: each step reads the "
+           "rows of its own positions, [length, length + T), not the first T")
 _case("decoder/incremental/one-pass", "decoder_incremental",
       _no_dropout(partial(_incremental, chunks=(5,), num_layers=1, final_norm=False)),
       note="the whole target in the prefill")

@@ -13,7 +13,8 @@ A ring case carries ``num_shards``: an adapter runs it on that many devices
 (JAX: a mesh of host devices; torch: a gloo process group of that many
 ranks, each rank given its shards and the global mask, the results put back
 in sequence order) or says it cannot. Dimensions: B=2, H=4 query heads (over
-Hkv=2 in the grouped cases), Lq=Lk=8 (4 and 8, 8 and 4 for the
+Hkv=2 in the grouped cases, and H=6 over Hkv=3 where the group size G = 2
+must differ from Hkv), Lq=Lk=8 (4 and 8, 8 and 4 for the
 bottom-right cases), Dk=4, Dv=6; 2 and 4 shards; the padding masks end
 inside a shard (batch 0 keeps 5 of 8 keys, batch 1 loses key 0), so every
 merge meets partial shards, empty shards and, with ``fully-masked``, rows
@@ -22,7 +23,10 @@ with no key at all (``out = 0``, ``lse = -inf``, gradient 0).
 The merge cases feed arbitrary partial results (normals, some ``lse_i =
 -inf`` for an empty part, one row empty in every part): what a kernel's
 combine step (FlashAttention's split-KV "combine", vLLM's
-``merge_attn_states``, xFormers' ``merge_attentions``) must compute.
+``merge_attn_states``, xFormers' ``merge_attentions``) must compute; in
+``large-lse`` they lie near ±1000 and the ring's ``large-scores`` partials near
+±800, past exp's float64 range, so only a merge that subtracts the largest
+``lse_i`` passes.
 """
 from __future__ import annotations
 
@@ -33,14 +37,15 @@ import numpy as np
 from .cases import _attn_mask, _case, _err, _normal, _pad
 
 B, H, HKV, L, DK, DV = 2, 4, 2, 8, 4, 6
+HKV6 = 3  # the kv heads of the cases with H = 6 query heads: G = 2 differs from Hkv
 _RING, _MERGE, _HEADS = "ring_attention", "merge_attention", "sharded_attention"
 
 
 def _ring(r, N, layout="contiguous", mask="none", causal=False, align="top_left", Lq=L, Lk=L,
-          kv_heads=H, rank=4, scale=None):
-    batch, kv_batch = ((B, H), (B, kv_heads)) if rank == 4 else ((B,), (B,))
+          kv_heads=H, rank=4, scale=None, heads=H):
+    batch, kv_batch = ((B, heads), (B, kv_heads)) if rank == 4 else ((B,), (B,))
     kw = {"q": _normal(r, *batch, Lq, DK), "k": _normal(r, *kv_batch, Lk, DK), "v": _normal(r, *kv_batch, Lk, DV)}
-    m = _attn_mask(r, mask, B, H, Lq, Lk)
+    m = _attn_mask(r, mask, B, heads, Lq, Lk)
     if rank == 3 and m is not None and m.ndim == 4:
         m = m[:, 0]
     return {**kw, "mask": m, "scale": scale, "causal": causal, "align": align, "layout": layout,
@@ -57,8 +62,36 @@ def _merge(r, S=3, empty=False):
     return {"outs": outs, "lses": lses}
 
 
-def _heads(r, batch_shards=1, head_shards=1, kv_heads=H, mask="padding", rank=4):
-    kw = _ring(r, N=1, mask=mask, kv_heads=kv_heads, rank=rank, Lq=5, Lk=7)
+def _merge_large(r, S=3, offset=1000.0):
+    """Partial results whose ``lse_i`` are ``+offset`` (batch 0) or ``-offset`` (batch 1) plus a
+    spread in steps of 4 (at most 12): past exp's float64 overflow (709.8) and underflow (-745),
+    yet exact in bfloat16 (spacing 4 in [512, 1024)) and float16, and parts 4 apart weigh
+    e^-4: no row is one-hot. A merge that sums ``exp(lse_i)`` without subtracting the
+    largest one gets inf / inf (batch 0) or 0 / 0, an empty row (batch 1)."""
+    outs = _normal(r, S, B, H, L, DV)
+    sign = np.where(np.arange(B) == 0, 1.0, -1.0)[None, :, None, None]  # (1, B, 1, 1)
+    spread = 4 * np.clip(np.round(r.standard_normal((S, B, H, L))), -3, 3)
+    return {"outs": outs, "lses": sign * offset + spread}
+
+
+def _ring_offset(r, N, offset=40.0, **kw):
+    """``_ring`` whose scores are ``±800 + O(1)``: q's and k's first column ``±40`` and
+    ``40``, the others on a grid of 1/16 (|x| < 16), so ``q kᵀ / 2`` is a multiple of 2^-9
+    below 2^10, exact in float32 in any order of summation. Every shard's partial ``lse``
+    is then ~800 (batch 0) or ~-800 (batch 1): past exp's float64 overflow and underflow, so
+    only a merge that subtracts the largest ``lse`` gets the ring right; the weights keep the
+    O(1) spread of the other columns (not one-hot)."""
+    kw = _ring(r, N, **kw)
+    for name in ("q", "k"):
+        x = np.clip(np.round(16 * r.standard_normal(kw[name].shape)), -255, 255) / 16
+        x[..., 0] = offset
+        kw[name] = x
+    kw["q"][1, ..., 0] = -offset  # batch 1: scores ~ -800
+    return kw
+
+
+def _heads(r, batch_shards=1, head_shards=1, kv_heads=H, mask="padding", rank=4, heads=H):
+    kw = _ring(r, N=1, mask=mask, kv_heads=kv_heads, rank=rank, Lq=5, Lk=7, heads=heads)
     return {"q": kw["q"], "k": kw["k"], "v": kw["v"], "mask": kw["mask"], "scale": None,
             "batch_shards": batch_shards, "head_shards": head_shards}
 
@@ -71,6 +104,9 @@ _case("sharded/merge/three-parts", _MERGE, _merge,
 _case("sharded/merge/empty-parts", _MERGE, partial(_merge, empty=True),
       note="an lse_i of -inf weighs 0; a row empty in every part gives out 0, lse -inf, gradient 0")
 _case("sharded/merge/one-part", _MERGE, partial(_merge, S=1), note="one part is itself")
+_case("sharded/merge/large-lse", _MERGE, _merge_large,
+      note="lse_i ~ +-1000 (past exp's float64 overflow and underflow), 4 apart: only a merge that "
+           "subtracts the largest lse_i is finite")
 
 # --------------------------------------------------------------------------
 # the ring
@@ -88,14 +124,25 @@ _case("sharded/ring/4/zigzag/fully-masked", _RING, partial(_ring, N=4, layout="z
 _case("sharded/ring/2/zigzag/gqa+causal", _RING, partial(_ring, N=2, layout="zigzag", causal=True, kv_heads=HKV,
                                                          mask="padding"),
       note="k/v shards travel with Hkv heads; query head h reads kv head h // 2")
+_case("sharded/ring/2/contiguous/gqa-h6-hkv3", _RING,
+      partial(_ring, N=2, heads=6, kv_heads=HKV6, mask="padding", causal=True),
+      note="H = 6 over Hkv = 3 (G = 2 != Hkv): query head h reads kv head h // G; with H = 4 over "
+           "Hkv = 2 a ring that indexes h // Hkv or repeats each kv head Hkv times is right by luck")
 _case("sharded/ring/2/contiguous/bottom-right/wide", _RING,
       partial(_ring, N=2, causal=True, align="bottom_right", Lq=4, Lk=8, mask="per-head"),
       note="query i at position i + Lk - Lq (a cache's prefix); a mask per batch and head (B, H, 1, Lk)")
+_case("sharded/ring/2/contiguous/top-left/wide", _RING,
+      partial(_ring, N=2, causal=True, Lq=4, Lk=8, mask="padding"),
+      note="Lq != Lk top-left: query i at position i (key shard 1 unseen); every other top-left case has "
+           "Lq = Lk, where a ring that always aligns bottom-right is right by luck")
 _case("sharded/ring/4/contiguous/bottom-right/tall", _RING,
       partial(_ring, N=4, causal=True, align="bottom_right", Lq=8, Lk=4),
       note="Lq > Lk: the first 4 rows see no key (0, not NaN)")
 _case("sharded/ring/2/rank3/scale", _RING, partial(_ring, N=2, rank=3, mask="padding", scale=0.3),
       note="no head axis; an explicit scale")
+_case("sharded/ring/2/contiguous/large-scores", _RING, partial(_ring_offset, N=2, mask="padding"),
+      note="scores +-800 + O(1): each shard's partial lse is past exp's float64 overflow (batch 0) or "
+           "underflow (batch 1); the merge of the two steps must subtract the largest lse")
 _case("sharded/ring/1/causal", _RING, partial(_ring, N=1, causal=True, mask="padding"),
       note="one shard: the single-device function")
 
@@ -106,6 +153,10 @@ _case("sharded/heads/batch2", _HEADS, partial(_heads, batch_shards=2), note="the
 _case("sharded/heads/heads2+batch2/gqa", _HEADS, partial(_heads, batch_shards=2, head_shards=2, kv_heads=HKV,
                                                          mask="per-head"),
       note="each shard holds whole query groups: 2 of 4 query heads over 1 of 2 kv heads")
+_case("sharded/heads/heads3/gqa-h6-hkv3", _HEADS,
+      partial(_heads, head_shards=3, heads=6, kv_heads=HKV6, mask="per-head"),
+      note="3 shards of 2 query heads over 1 of 3 kv heads (G = 2 != Hkv): shard i holds kv head i = "
+           "its first query head // G, not // Hkv")
 _case("sharded/heads/rank3/batch2", _HEADS, partial(_heads, batch_shards=2, rank=3), note="no head axis")
 
 # --------------------------------------------------------------------------

@@ -325,6 +325,78 @@ def _rope_steps_from_zero(original):
     return rope_heads
 
 
+def _chunk_rows_from_zero(original):
+    """A cache step that takes rows ``[0, T)`` of a per-position memory mask, not ``[length, length + T)``."""
+    def chunk_rows(memory_mask, start, T, L):
+        return original(memory_mask, 0, T, L)
+    return chunk_rows
+
+
+def _kv_heads_by_hkv(x, G):
+    """k/v repeated to the query heads with head ``h`` reading kv head ``h // Hkv`` (not ``h // G``)."""
+    return x if G == 1 else np.take(x, np.arange(x.shape[1] * G) // x.shape[1], axis=1)
+
+
+def _group_sum_by_hkv(g, G):
+    """The transpose of :func:`_kv_heads_by_hkv`: query head ``h``'s gradient into kv head ``h // Hkv``."""
+    if G == 1:
+        return g
+    H = g.shape[1]
+    out = np.zeros((g.shape[0], H // G, *g.shape[2:]), dtype=g.dtype)
+    for h in range(H):
+        out[:, h // (H // G)] += g[:, h]
+    return out
+
+
+def _ring_kv_head_by_hkv(original):
+    """The ring (only) maps query head ``h`` to kv head ``h // Hkv``: right when ``G = Hkv``."""
+    from numpy_ref import sharded as S
+
+    class Ring(original):
+        def forward(self, *args):
+            with mock.patch.object(S, "_repeat_kv", _kv_heads_by_hkv), \
+                    mock.patch.object(S, "_group_sum", _group_sum_by_hkv):
+                return super().forward(*args)
+
+        def backward(self, *args):
+            with mock.patch.object(S, "_repeat_kv", _kv_heads_by_hkv), \
+                    mock.patch.object(S, "_group_sum", _group_sum_by_hkv):
+                return super().backward(*args)
+    return Ring
+
+
+def _ring_always_bottom_right(original):
+    """A ring whose causal structure is aligned bottom-right (offset ``Lk - Lq``) whatever ``align`` says."""
+    class Ring(original):
+        def __init__(self, q, k, mask, scale, causal, align, layout, num_shards, G):
+            super().__init__(q, k, mask, scale, causal, "bottom_right", layout, num_shards, G)
+    return Ring
+
+
+def _kv_cut_by_hkv(original):
+    """Grouped head sharding gives query heads ``[a, b)`` the kv heads ``[a // Hkv, b // Hkv)``,
+    not ``[a // G, b // G)`` (ungrouped, ``G = 1``, it takes the query heads' slice as it should)."""
+    def kv_cut(k, h, head_shards):
+        if k.ndim != 4 or h == slice(None):
+            return original(k, h, head_shards)
+        H, Hkv = (h.stop - h.start) * head_shards, k.shape[1]
+        if H == Hkv:
+            return original(k, h, head_shards)
+        return slice(h.start // Hkv, h.stop // Hkv)
+    return kv_cut
+
+
+def _merge_without_max(outs, lses):
+    """``lse = log Σ exp(lse_i)`` summed as is: ``exp(lse_i)`` overflows past 709.8 (inf / inf)
+    and underflows below -745 (a row taken for empty)."""
+    e = np.exp(lses)  # no max subtracted
+    total = e.sum(axis=0)
+    empty = total == 0
+    w = e / np.where(empty, 1, total)
+    lse = np.where(empty, -np.inf, np.log(np.where(empty, 1, total)))
+    return np.sum(w[..., None] * outs, axis=0), lse, w
+
+
 # --------------------------------------------------------------------------
 # the catalog of mutants
 
@@ -399,6 +471,12 @@ ROPE_BLOCKS = {"rope/mha/half/gqa/self/causal", "rope/mha/interleaved/gqa/self/p
 ROPE_STEPS = {"rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs",
               "rope/cache/prefill3-pair"}
 NO_ROPE = {"gqa/mha/self/causal", "gqa/mha/cross/padding", "gqa/cache/mqa/singles"}
+#: the incremental-decoding cases (conformance/cases_decoder.py)
+DECODER_INCREMENTAL = {"decoder/incremental/empty-prefill-singles", "decoder/incremental/prefill1-pairs",
+                       "decoder/incremental/prefill3-singles", "decoder/incremental/one-pass",
+                       "decoder/incremental/per-position-memory-mask"}
+#: partial log-sum-exps past exp's float64 overflow (conformance/cases_sharded.py)
+LARGE_LSE = {"sharded/merge/large-lse", "sharded/ring/2/contiguous/large-scores"}
 
 
 def _bw_structure(strict=False, offset=None):
@@ -640,6 +718,26 @@ MUTANTS = [
     _m("cache/rope-steps-from-zero", "each cached step rotated at 0..T-1, not at length + t",
        "attention._rope_heads", _rope_steps_from_zero, ROPE_STEPS,
        spares={"rope/cache/mqa/one-pass", "gqa/cache/mqa/singles"} | ROPE_BLOCKS - ROPE_STEPS),
+    _m("cache/memory-mask-rows-from-zero",
+       "a cache step takes rows [0, T) of a per-position memory mask, not [length, length + T)",
+       "cache._chunk_rows", _chunk_rows_from_zero, {"decoder/incremental/per-position-memory-mask"},
+       spares=DECODER_INCREMENTAL - {"decoder/incremental/per-position-memory-mask"}),  # (B, 1, 1, S) masks
+    # sharded (the merge of partial results, the ring)
+    _m("sharded/merge-without-max", "the merge sums exp(lse_i) without subtracting the largest lse_i",
+       "sharded._merge", _const(_merge_without_max), LARGE_LSE,
+       spares={"sharded/merge/three-parts", "sharded/merge/empty-parts", "sharded/ring/2/contiguous/none",
+               "sharded/ring/4/contiguous/padding+causal"}),  # |lse_i| < 20: exp is finite
+    _m("sharded/ring-kv-head-h-div-hkv", "the ring's query head h reads kv head h // Hkv, not h // G",
+       "sharded._Ring", _ring_kv_head_by_hkv, {"sharded/ring/2/contiguous/gqa-h6-hkv3"},
+       spares={"sharded/ring/2/zigzag/gqa+causal", "sharded/ring/4/contiguous/padding+causal"}),  # G = Hkv = 2
+    _m("sharded/ring-always-bottom-right", "the ring aligns its causal structure bottom-right whatever align says",
+       "sharded._Ring", _ring_always_bottom_right, {"sharded/ring/2/contiguous/top-left/wide"},
+       spares={"sharded/ring/4/contiguous/padding+causal", "sharded/ring/4/zigzag/padding+causal",
+               "sharded/ring/2/contiguous/bottom-right/wide", "sharded/ring/1/causal"}),  # Lq = Lk, or bottom-right
+    _m("sharded/heads-kv-cut-by-hkv",
+       "grouped head sharding gives query heads [a, b) the kv heads [a // Hkv, b // Hkv)",
+       "sharded._kv_cut", _kv_cut_by_hkv, {"sharded/heads/heads3/gqa-h6-hkv3"},
+       spares={"sharded/heads/heads2+batch2/gqa", "sharded/heads/batch2"}),  # G = Hkv = 2; no head cut
     # dtype
     _m("dtype/float32-scores", "a float64 call computes its scores in float32",
        "attention._attention_probs",

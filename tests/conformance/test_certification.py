@@ -355,8 +355,8 @@ def test_the_kv_cache_example_meets_the_full_pass_at_every_position(capsys):
     code, out, _ = _run(capsys, "--backend", f"{CACHE_EXAMPLE}:MyCacheBackend", "-k", "decoder/incremental",
                         "--require", "decoder")
     assert code == 0, out
-    assert "my-kv-cache: 8 passed, 0 failed" in out
-    assert "float64 4/4 value cases (4 outputs, gradients not checked)" in out
+    assert "my-kv-cache: 10 passed, 0 failed" in out
+    assert "float64 5/5 value cases (5 outputs, gradients not checked)" in out
 
 
 def test_a_cache_that_forgets_its_earlier_steps_fails_every_multi_step_case(capsys, monkeypatch):
@@ -374,7 +374,7 @@ def test_a_cache_that_forgets_its_earlier_steps_fails_every_multi_step_case(caps
     assert code == 1
     failed = {line.split()[3].rstrip(":") for line in _fail_lines(out) if line.startswith("FAIL my-kv-cache")}
     assert failed == {"decoder/incremental/empty-prefill-singles", "decoder/incremental/prefill1-pairs",
-                      "decoder/incremental/prefill3-singles"}
+                      "decoder/incremental/prefill3-singles", "decoder/incremental/per-position-memory-mask"}
 
 
 # --------------------------------------------------------------------------
