@@ -121,6 +121,9 @@ class Case:
         each with the one-line reason. Every other gradient must be non-zero
         and every declared one zero (``tests/conformance/test_catalog.py``),
         so a gradient a case stores is either checked or declared void.
+      forward_only: the case stores no gradient (its reason in ``note``): a
+        row poisoned by a ``+inf`` score is NaN by rule (SPEC 3.3), and what
+        its gradients hold is not promised.
     """
 
     name: str
@@ -130,6 +133,7 @@ class Case:
     error: tuple[str, str] | None = None
     note: str = ""
     zero_grads: tuple[tuple[str, str], ...] = ()
+    forward_only: bool = False
 
     def __post_init__(self):
         # the fixture reader refuses any other name (conformance.fixtures._NAME):
@@ -156,7 +160,7 @@ class Case:
         kwargs = self.build(rng)
         if self.error is not None:
             return Call(self.name, self.function, self.module, kwargs, expect_error=self.error[0])
-        wrt = () if self.function in NOT_DIFFERENTIABLE else tuple(
+        wrt = () if self.function in NOT_DIFFERENTIABLE or self.forward_only else tuple(
             name for name, leaf in flatten(kwargs).items()
             if isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f"
         )
@@ -246,6 +250,20 @@ def _poison(rng, x, where, kind):
     wherever ``where`` (broadcastable to ``x``) holds: entries that no
     implementation may read (SPEC 3.4a)."""
     return np.where(where, rng.choice(_POISON[kind], size=x.shape), x)
+
+
+def _plus_inf(bias, valid):
+    """``bias`` with ``+inf`` at one valid pair in each of three query rows, at the first,
+    a middle and the last valid key of its row (so in different key blocks): those rows
+    are NaN by rule (SPEC 3.3); and ``+inf`` at every pair ``valid`` excludes, which
+    nothing may read (3.4a). ``valid`` broadcasts to ``bias``."""
+    valid = np.broadcast_to(valid, bias.shape)
+    out = np.where(valid, bias, np.inf)
+    rows = np.argwhere(valid.sum(axis=-1) >= 3)  # rows with three valid keys or more
+    for which, row in zip((0, 1, 2), rows[[0, len(rows) // 2, -1]]):
+        keys = np.flatnonzero(valid[tuple(row)])
+        out[(*row, keys[[0, len(keys) // 2, -1][which]])] = np.inf
+    return out
 
 
 def _valid(mask, bias, shape):
@@ -573,6 +591,16 @@ _case("sdpa/poison/fully-masked-mixed", _SDPA, partial(_sdpa_poison, poison="mix
       note="fully masked rows stay 0 with NaN/±inf in every unread key")
 _case("sdpa/poison/dropout-nan", _SDPA, partial(_sdpa_poison, poison="nan", mask="padding+causal", dropout_p=0.3))
 _case("sdpa/poison/rank3-padding-nan", _SDPA, partial(_sdpa_poison, poison="nan", rank=3))
+
+
+def _sdpa_plus_inf(r):
+    kw = _sdpa(r, mask="padding+causal", bias="full")
+    return {**kw, "bias": _plus_inf(kw["bias"], kw["mask"])}
+
+
+_case("sdpa/poison/plus-inf-bias", _SDPA, _sdpa_plus_inf, forward_only=True,
+      note="+inf bias at a kept pair in three rows: those rows NaN (out, weights), the others as "
+           "with a finite bias; +inf where the mask removes changes nothing (gradients not promised)")
 _case("sdpa/poison/per-head-nan", _SDPA, partial(_sdpa_poison, poison="nan", mask="per-head"),
       note="a key unread in one head only is poisoned in that head only")
 

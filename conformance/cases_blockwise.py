@@ -25,7 +25,7 @@ from functools import partial
 import numpy as np
 
 from .cases import (
-    _attn_mask, _case, _err, _normal, _pad, _poison, _valid, _zero, _NO_KEY,
+    _attn_mask, _case, _err, _normal, _pad, _plus_inf, _poison, _valid, _zero, _NO_KEY,
 )
 
 B, H, LQ, LK, DK, DV = 2, 3, 5, 7, 4, 6
@@ -140,6 +140,15 @@ _case("blockwise/poison/padding-nan", _BW, partial(_blockwise, mask="padding", p
 _case("blockwise/poison/causal-tall-mixed", _BW,
       partial(_blockwise, Lq=LK, Lk=LQ, causal=True, align="bottom_right", mask="padding", poison="mixed"),
       note="NaN/±inf in the keys no query reads, with fully masked rows")
+def _blockwise_plus_inf(r):
+    kw = _blockwise(r, mask="padding", bias="full", causal=True, blocks=(2, 2))
+    band = _band(LQ, LK, True, None, "top_left")
+    return {**kw, "bias": _plus_inf(kw["bias"], kw["mask"] & band)}
+
+
+_case("blockwise/poison/plus-inf-bias", _BW, _blockwise_plus_inf, forward_only=True,
+      note="+inf bias at a kept pair in the first, a middle and the last key block of three rows: "
+           "those rows NaN (out, lse); +inf above the diagonal and in padding changes nothing")
 _case("blockwise/poison/window-inf", _BW,
       partial(_blockwise, window=(0, 0), mask="padding", poison="inf", blocks=(2, 2)),
       note="window (0, 0): keys 5 and 6 are in no query's reach and hold ±inf")

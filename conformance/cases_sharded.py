@@ -104,6 +104,14 @@ _case("sharded/merge/three-parts", _MERGE, _merge,
 _case("sharded/merge/empty-parts", _MERGE, partial(_merge, empty=True),
       note="an lse_i of -inf weighs 0; a row empty in every part gives out 0, lse -inf, gradient 0")
 _case("sharded/merge/one-part", _MERGE, partial(_merge, S=1), note="one part is itself")
+def _merge_plus_inf(r):
+    kw = _merge(r, empty=True)
+    kw["lses"][0, 0, 1, 2] = kw["lses"][2, 1, 3, 5] = np.inf  # these two rows are NaN (SPEC 3.3)
+    return kw
+
+
+_case("sharded/merge/plus-inf-lse", _MERGE, _merge_plus_inf, forward_only=True,
+      note="an lse_i of +inf makes its merged row NaN (out and lse); an lse_i of -inf still weighs 0")
 _case("sharded/merge/large-lse", _MERGE, _merge_large,
       note="lse_i ~ +-1000 (past exp's float64 overflow and underflow), 4 apart: only a merge that "
            "subtracts the largest lse_i is finite")

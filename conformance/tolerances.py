@@ -234,8 +234,9 @@ def error_ratio(got, want, rtol: float, atol: float) -> tuple[float, str]:
     finite = np.isfinite(want)
     with np.errstate(invalid="ignore", over="ignore"):
         ratio = np.abs(got - want) / (atol + rtol * np.abs(want))
-    # infinities must match exactly; anything non-finite elsewhere is a failure
-    ratio = np.where(finite, ratio, np.where(got == want, 0.0, np.inf))
+    # infinities must match exactly, an expected NaN (a row with a +inf score, SPEC 3.3) is
+    # matched by NaN only; anything non-finite where a number is expected is a failure
+    ratio = np.where(finite, ratio, np.where((got == want) | (np.isnan(got) & np.isnan(want)), 0.0, np.inf))
     ratio = np.where(np.isnan(ratio), np.inf, ratio)
     index = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
     worst = float(ratio[index])

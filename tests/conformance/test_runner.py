@@ -53,6 +53,15 @@ def test_ratio_needs_infinities_matched_exactly_and_rejects_nan():
     assert error_ratio(np.array([np.nan, -np.inf]), want, 1e-4, 1e-5)[0] == np.inf
 
 
+def test_an_expected_nan_is_matched_by_nan_only():
+    """A row poisoned by a +inf score is NaN by rule (SPEC 3.3): NaN there passes; a
+    number, an infinity, or a NaN elsewhere fails."""
+    want = np.array([1.0, np.nan, np.inf])
+    assert error_ratio(np.array([1.0, np.nan, np.inf]), want, 1e-4, 1e-5)[0] == 0.0
+    for got in ([1.0, 0.0, np.inf], [1.0, np.inf, np.inf], [1.0, np.nan, np.nan], [np.nan, np.nan, np.inf]):
+        assert error_ratio(np.array(got), want, 1e-4, 1e-5)[0] == np.inf, got
+
+
 def test_ratio_of_masks_is_exact_match():
     want = np.array([True, False, True])
     assert error_ratio(want.copy(), want, 1e-4, 1e-5)[0] == 0.0
