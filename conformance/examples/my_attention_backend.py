@@ -50,10 +50,11 @@ def my_attention(q, k, v, mask=None, bias=None, scale=None, keep=None, p=0.0):
     if mask is not None:
         allowed = allowed & mask
     row_max = np.max(np.where(allowed, s, -np.inf), axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
-    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
-    e = np.exp(np.where(allowed, s - row_max, -np.inf))  # 0 where not allowed
+    row_max = np.where(row_max == -np.inf, 0.0, row_max)  # an empty row; a +inf one stays NaN (SPEC 3.3)
+    with np.errstate(invalid="ignore"):  # inf - inf: the row of a +inf score is NaN by rule
+        e = np.exp(np.where(allowed, s - row_max, -np.inf))  # 0 where not allowed
     total = e.sum(axis=-1, keepdims=True)
-    w = e / np.where(total > 0, total, 1.0)  # (..., Lq, Lk); empty rows stay 0
+    w = e / np.where(total == 0, 1.0, total)  # (..., Lq, Lk); empty rows stay 0, a NaN sum stays NaN
     factor = 1.0 if p == 0 else keep * w.dtype.type(1.0 / (1.0 - p))  # inverted dropout
     out = np.einsum("...qk,...kv->...qv", w * factor, v)  # (..., Lq, Dv)
     return out, w, (scale, factor, read)
