@@ -28,8 +28,14 @@ using 0 in place of an infinite max, and the row ends with ``out = 0``,
 ``lse = -inf`` (SPEC 3.4).
 
 The backward needs no saved probabilities: ``P_ij = exp(s_ij - lse_i)``
-rebuilds any block of the softmax exactly. With ``dO`` the cotangent of out
-and ``dL`` that of lse (``∂lse_i / ∂s_ij = P_ij``)::
+rebuilds any block of the softmax. It is computed as
+``P_ij = exp((s_ij - m_i) - log l_i)`` from the pair ``(m, log l)`` the
+forward ends with (``lse = m + log l``), kept apart: ``lse`` itself is
+rounded, to a relative error ``u`` of ``|lse|``, and ``exp(s - lse)`` would
+carry that error ``u·|lse|`` into every weight (at ``|lse| ~ 1e30``,
+``m + log l`` rounds to ``m`` and ``t`` tied top scores each get weight 1,
+not ``1/t``). ``s - m`` is small where ``P`` is not. With ``dO`` the
+cotangent of out and ``dL`` that of lse (``∂lse_i / ∂s_ij = P_ij``)::
 
     dV  = Σ_blocks Pᵀ dO            dP = dO Vᵀ
     D_i = Σ_d dO_id O_id − dL_i      (= Σ_j P_ij dP_ij − dL_i, since O = P V)
@@ -140,7 +146,7 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *,
         q, k, v, mask, bias, scale, block_q, block_k, causal, window, align, softcap, alibi_slopes)
     sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
     k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
-    out, lse = _forward(q, k, v, mask, bias, _Scores(_scale(q, scale), softcap, alibi_slopes), sched)
+    out, lse, _ = _forward(q, k, v, mask, bias, _Scores(_scale(q, scale), softcap, alibi_slopes), sched)
     return out.astype(q.dtype, copy=False), lse  # rounded once
 
 
@@ -150,7 +156,8 @@ def blockwise_attention_backward(d_out, q, k, v, mask=None, bias=None, scale=Non
                                  out=None, lse=None):
     """Gradient of :func:`blockwise_attention`, from ``(out, lse)`` alone.
 
-    Per visited block: ``P = exp(s - lse)`` (0 where not valid), ``dV += Pᵀ dO``,
+    Per visited block: ``P = exp((s - m) - log l)`` (0 where not valid;
+    ``lse = m + log l``, see Precision), ``dV += Pᵀ dO``,
     ``dP = dO Vᵀ``, ``dS = P ∘ (dP - D)`` with ``D = rowsum(dO ∘ out) - d_lse``,
     ``dQ += scale · dS K``, ``dK += scale · dSᵀ Q``, ``dbias += dS`` (summed to
     bias's shape). No more than one block of scores exists at a time.
@@ -173,6 +180,14 @@ def blockwise_attention_backward(d_out, q, k, v, mask=None, bias=None, scale=Non
         softcap, alibi_slopes: as for the forward.
       out, lse: the forward's results, when saved; recomputed when None.
 
+    Precision: recomputed (either None), the backward keeps the forward's
+    row max ``m`` and ``log l`` apart and rebuilds the weights as
+    ``exp((s - m) - log l)``. From a given ``lse`` only the rounded sum is
+    known and the weights are ``exp(s - lse)``, with a relative error of
+    about ``u·|lse|`` (``u`` the unit roundoff): negligible for ordinary
+    scores, but at ``|lse| ~ 1e30`` ``t`` tied top scores each get weight 1,
+    not ``1/t``.
+
     Returns:
       ``{"q", "k", "v"}`` (``k``, ``v`` with their own heads), ``"bias"``
       (bias's own shape) when bias is given, ``"alibi_slopes"`` (their own
@@ -185,8 +200,10 @@ def blockwise_attention_backward(d_out, q, k, v, mask=None, bias=None, scale=Non
     score = _Scores(_scale(q, scale), softcap, alibi_slopes)
     k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
     if out is None or lse is None:
-        out, lse = _forward(q, k, v, mask, bias, score, sched)
-    grads = _backward(d_out, d_lse, q, k, v, mask, bias, score, sched, _upcast(out), _upcast(lse))
+        out, _, stats = _forward(q, k, v, mask, bias, score, sched)  # stats = (m, log l), unrounded
+    else:
+        stats = _given_lse(_upcast(lse))  # only the rounded lse is known (see Precision)
+    grads = _backward(d_out, d_lse, q, k, v, mask, bias, score, sched, _upcast(out), stats)
     grads["k"], grads["v"] = _group_sum(grads["k"], G), _group_sum(grads["v"], G)  # (B, Hkv, Lk, Dk|Dv)
     return {name: g.astype(q.dtype, copy=False) for name, g in grads.items()}
 
@@ -204,12 +221,15 @@ class _Scores(NamedTuple):
 
 
 def _forward(q, k, v, mask, bias, score, sched):
-    """The online softmax over ``sched``'s blocks: ``(out, lse)`` in the compute dtype;
+    """The online softmax over ``sched``'s blocks: ``(out, lse, (m, log l))`` in the
+    compute dtype, ``(m, log l)`` the row max and log-sum with ``lse = m + log l``
+    (both ``-inf`` for a row with no valid score), kept apart for the backward;
     ``k``, ``v`` already repeated to the query heads."""
     q, k, v = _upcast(q), _upcast(k), _upcast(v)  # float32 for half inputs
     batch = q.shape[:-2]
     out = np.zeros((*batch, sched.Lq, v.shape[-1]), dtype=v.dtype)  # (*batch, Lq, Dv)
     lse = np.full((*batch, sched.Lq), -np.inf, dtype=q.dtype)  # (*batch, Lq)
+    row_max, log_l = np.full_like(lse, -np.inf), np.full_like(lse, -np.inf)  # (*batch, Lq)
     for q0, q1, kb0, kb1 in sched.rows:
         m = np.full((*batch, q1 - q0, 1), -np.inf, dtype=q.dtype)  # running max (*batch, bq, 1)
         l = np.zeros_like(m)  # running sum of exp(s - m)   (*batch, bq, 1)
@@ -224,7 +244,8 @@ def _forward(q, k, v, mask, bias, score, sched):
             acc = alpha * acc + p @ v_b  # (*batch, bq, Dv)
             m = m_new
         out[..., q0:q1, :], lse[..., q0:q1] = _finish(m, l, acc)
-    return out, lse
+        row_max[..., q0:q1], log_l[..., q0:q1] = _split(m, l)
+    return out, lse, (row_max, log_l)
 
 
 def _finish(m, l, acc):
@@ -236,15 +257,30 @@ def _finish(m, l, acc):
     return out, lse
 
 
-def _backward(d_out, d_lse, q, k, v, mask, bias, score, sched, out, lse):
-    """FlashAttention-2's backward over ``sched``'s blocks, from ``(out, lse)``;
-    ``k``, ``v`` repeated to the query heads, and so are ``dk``, ``dv``."""
+def _split(m, l):
+    """``(m, log l)`` of the recurrence's end, ``(*batch, bq)`` each: ``lse = m + log l``
+    unrounded; ``(-inf, -inf)`` for a row with no valid score (``l = 0``)."""
+    empty = l == 0
+    return m[..., 0], np.where(empty, -np.inf, np.log(np.where(empty, 1, l)))[..., 0]
+
+
+def _given_lse(lse):
+    """The ``(m, log l)`` of a given ``lse``: ``(lse, 0)``, the weights ``exp(s - lse)``."""
+    return lse, np.zeros_like(lse)
+
+
+def _backward(d_out, d_lse, q, k, v, mask, bias, score, sched, out, stats):
+    """FlashAttention-2's backward over ``sched``'s blocks, from ``out`` and
+    ``stats = (m, log l)`` (``lse = m + log l``, :func:`_forward`); ``k``, ``v``
+    repeated to the query heads, and so are ``dk``, ``dv``."""
     q, k, v = _upcast(q), _upcast(k), _upcast(v)  # float32 for half inputs
     d_out = np.zeros_like(out) if d_out is None else _upcast(d_out)  # (*batch, Lq, Dv)
     D = np.sum(d_out * out, axis=-1)  # (*batch, Lq): rowsum(dO ∘ O) = rowsum(P ∘ dP)
     if d_lse is not None:
         D = D - _upcast(d_lse)  # ∂lse/∂s = P: the lse cotangent joins the softmax's row term
-    lse_use = np.where(lse == -np.inf, 0, lse)  # an empty row: P is 0 there anyway
+    m, log_l = stats  # (*batch, Lq) each
+    empty = m == -np.inf  # an empty row: P is 0 there anyway
+    m, log_l = np.where(empty, 0, m), np.where(empty, 0, log_l)
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     dbias, bias_full = None, None
     if bias is not None:
@@ -254,7 +290,9 @@ def _backward(d_out, d_lse, q, k, v, mask, bias, score, sched, out, lse):
     for q0, q1, k0, k1 in sched.pairs():
         s, valid, k_b, v_b, read, t = _scores(q, k, v, mask, bias, score, sched, q0, q1, k0, k1)
         rows = slice(q0, q1)
-        p = np.where(valid, np.exp(np.where(valid, s, 0) - lse_use[..., rows, None]), 0)  # (*batch, bq, bk)
+        m_b = m[..., rows, None]  # (*batch, bq, 1)
+        p = np.where(valid, np.exp((np.where(valid, s, m_b) - m_b) - log_l[..., rows, None]),
+                     0)  # (*batch, bq, bk): P = exp((s - m) - log l), lse never formed
         do = d_out[..., rows, :]  # (*batch, bq, Dv)
         dv[..., k0:k1, :] += _unread(np.swapaxes(p, -1, -2) @ do, read)  # Pᵀ dO
         dp = do @ np.swapaxes(v_b, -1, -2)  # (*batch, bq, bk)

@@ -31,7 +31,9 @@ from global positions), merges it into its running result, then passes
 the structure are skipped (the shard still moves on). The backward is the
 same ring again, from the merged ``(out, lse)``: at each step device ``r``
 computes its block's share of the gradient with FlashAttention-2's backward
-(``P = exp(s - lse)`` with the *final* ``lse``, ``D = rowsum(dO ∘ out)``),
+(``P = exp(s - lse)`` with the *final* ``lse``, ``D = rowsum(dO ∘ out)``;
+the merged ``lse`` is rounded, so these weights carry a relative error of
+about ``u·|lse|``, unlike blockwise attention's, rebuilt from ``(m, log l)``),
 adds ``dq_r`` locally and adds ``dk_j``, ``dv_j`` to accumulators that
 travel with the key/value shard; after ``N`` steps one more pass brings
 each accumulator home.
@@ -56,7 +58,7 @@ from .attention import (
 )
 from .blockwise import _backward as _block_backward
 from .blockwise import _forward as _block_forward
-from .blockwise import _full_rank, _Scores
+from .blockwise import _full_rank, _given_lse, _Scores
 from .layers import _upcast
 
 __all__ = [
@@ -290,7 +292,7 @@ class _Ring:
                     continue  # entirely masked by the structure: nothing to add
                 k_j, v_j = (_repeat_kv(x, self.G) for x in held[r])  # query head h reads kv head h // G
                 part = _block_forward(qs[r], k_j, v_j, self.allowed(r, j), None, self.score,
-                                      self.step(qs[r].shape[-2], k_j.shape[-2]))
+                                      self.step(qs[r].shape[-2], k_j.shape[-2]))[:2]  # (out, lse)
                 running[r] = part if running[r] is None else _merge_two(running[r], part)
             held = held[-1:] + held[:-1]  # send to r + 1: device r now holds what r - 1 had
         outs, lses = [], []
@@ -320,7 +322,7 @@ class _Ring:
                 g = _block_backward(d_outs[r], None if d_lses is None else d_lses[r], qs[r],
                                     _repeat_kv(k_j, self.G), _repeat_kv(v_j, self.G), self.allowed(r, j),
                                     None, self.score, self.step(qs[r].shape[-2], k_j.shape[-2]),
-                                    outs[r], lses[r])
+                                    outs[r], _given_lse(lses[r]))  # P = exp(s - lse): the merged lse
                 dq[r] += g["q"]
                 dk_j += _group_sum(g["k"], self.G)  # the group's query heads summed into kv head g
                 dv_j += _group_sum(g["v"], self.G)

@@ -18,15 +18,27 @@ running sum ``l`` and a rescaled accumulator ``acc``::
     l' = alpha · l + rowsum(p);     acc' = alpha · acc + p v_b
     out = acc / l,  lse = m + log l          (a row with l = 0: out 0, lse -inf)
 
-The backward pass (FlashAttention-2) recomputes each block's ``P`` from the
-saved ``lse`` instead of storing it::
+The backward pass (FlashAttention-2) recomputes each block's ``P`` instead
+of storing it::
 
     P = where(valid, exp(s - lse), 0);  D = rowsum(dO ∘ O) - d_lse
     dV += Pᵀ dO;  dP = dO vᵀ;  dS = P ∘ (dP - D)
     dQ += scale · dS k;  dK += scale · dSᵀ q;  d_bias += dS
 
 so nothing of size ``(Lq, Lk)`` is ever kept: the scores, weights and their
-gradients live one ``(bq, bk)`` block at a time.
+gradients live one ``(bq, bk)`` block at a time. The rounded ``lse`` is not
+used for ``P``: it carries a relative error ``u`` of ``|lse|``, which
+``exp(s - lse)`` would pass to every weight (at ``|lse| ~ 1e30``,
+``m + log l`` rounds to ``m`` and ``t`` tied top scores each get weight 1,
+not ``1/t``). The forward saves the row's final ``m`` and ``l`` instead
+(``lse = m + log l``, numpy_ref's ``(m, log l)``), and the backward takes
+``P = exp(s - m) / l`` with the row factor ``1 / l`` folded into the rows of
+``dO`` and ``D`` (``dO' = dO / l``, ``D' = D / l``, once per row)::
+
+    P~ = where(valid, exp(s - m), 0);  dV += P~ᵀ dO';  dS = P~ ∘ (dO' vᵀ - D')
+
+the same products as ``P`` with ``dO``, ``D`` (numpy_ref computes
+``exp((s - m) - log l)``; equal to rounding), and no extra pass over a block.
 
 Variants (SPEC 5): soft-capping replaces the raw scores by
 ``s_c = cap · tanh(q_b k_bᵀ · scale / cap)`` before the bias, so the
@@ -131,24 +143,25 @@ def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=Non
 
 class _BlockwiseAttention(torch.autograd.Function):
     """The recurrence as an autograd node: the forward keeps ``(q, k, v, mask,
-    bias, slopes, out, lse)``, the backward recomputes each block from them."""
+    bias, slopes, out)`` and the rows' final ``(m, l)`` (``lse = m + log l``,
+    unrounded), the backward recomputes each block from them."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, bias, slopes, scale, softcap, sched):
         scores = _Scores(mask, bias, slopes, softcap, sched)
-        out, lse = _forward(q, k, v, scale, scores)
-        ctx.save_for_backward(q, k, v, mask, bias, slopes, out, lse)
+        out, lse, (m, l) = _forward(q, k, v, scale, scores)
+        ctx.save_for_backward(q, k, v, mask, bias, slopes, out, m, l)
         ctx.scale, ctx.softcap, ctx.sched = scale, softcap, sched
         return out, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out, d_lse):
-        q, k, v, mask, bias, slopes, out, lse = ctx.saved_tensors
+        q, k, v, mask, bias, slopes, out, m, l = ctx.saved_tensors
         scores = _Scores(mask, bias, slopes, ctx.softcap, ctx.sched)
         want = (bias is not None and ctx.needs_input_grad[4],
                 slopes is not None and ctx.needs_input_grad[5])
-        dq, dk, dv, d_bias, d_slopes = _backward(q, k, v, out, lse, d_out, d_lse, ctx.scale,
+        dq, dk, dv, d_bias, d_slopes = _backward(q, k, v, out, (m, l), d_out, d_lse, ctx.scale,
                                                  scores, *want)
         return dq, dk, dv, None, d_bias, d_slopes, None, None, None
 
@@ -171,12 +184,15 @@ class _Scores(NamedTuple):
 
 
 def _forward(q, k, v, scale, scores):
-    """The online-softmax recurrence over ``scores.sched``: ``(out, lse)``."""
+    """The online-softmax recurrence over ``scores.sched``: ``(out, lse, (m, l))``,
+    ``(m, l)`` the rows' final max and sum ``(*batch, Lq)`` in the compute dtype
+    (``lse = m + log l``; ``-inf`` and 0 for a row with no valid key)."""
     sched = scores.sched
     with torch.autocast(q.device.type, enabled=False):
         qs, k32, v32 = _upcast(q) * scale, _upcast(k), _upcast(v)  # scale folded into q
         out = k32.new_zeros((*q.shape[:-1], v.shape[-1]))  # (*batch, Lq, Dv)
         lse = k32.new_full(q.shape[:-1], -math.inf)  # (*batch, Lq)
+        row_max, row_sum = torch.full_like(lse, -math.inf), torch.zeros_like(lse)  # (*batch, Lq): m, l
         for q0, q1, kb0, kb1 in sched.rows:
             q_b = qs[..., q0:q1, :]  # (*batch, bq, Dk)
             m = q_b.new_full((*q_b.shape[:-1], 1), -math.inf)  # (*batch, bq, 1) running max
@@ -198,11 +214,14 @@ def _forward(q, k, v, scale, scores):
             l_safe = torch.where(empty, 1.0, l)
             out[..., q0:q1, :] = acc / l_safe  # (*batch, bq, Dv)
             lse[..., q0:q1] = torch.where(empty, -math.inf, m + torch.log(l_safe))[..., 0]  # (*batch, bq)
-    return out.to(q.dtype), lse.to(_lse_dtype(q))
+            row_max[..., q0:q1], row_sum[..., q0:q1] = m[..., 0], l[..., 0]
+    return out.to(q.dtype), lse.to(_lse_dtype(q)), (row_max, row_sum)
 
 
-def _backward(q, k, v, out, lse, d_out, d_lse, scale, scores, want_bias, want_slopes):
-    """FlashAttention-2's backward from ``(out, lse)``: ``(dq, dk, dv, d_bias, d_slopes)``."""
+def _backward(q, k, v, out, stats, d_out, d_lse, scale, scores, want_bias, want_slopes):
+    """FlashAttention-2's backward from ``out`` and ``stats = (m, l)``, the rows' final
+    max and sum (``lse = m + log l``; :func:`_forward`): ``(dq, dk, dv, d_bias, d_slopes)``.
+    ``P = exp(s - m) / l``, the ``1 / l`` folded into ``dO`` and ``D`` per row."""
     sched, bias, slopes = scores.sched, scores.bias, scores.slopes
     with torch.autocast(q.device.type, enabled=False):
         qs, k32, v32 = _upcast(q) * scale, _upcast(k), _upcast(v)
@@ -211,7 +230,11 @@ def _backward(q, k, v, out, lse, d_out, d_lse, scale, scores, want_bias, want_sl
         D = (dO * O).sum(-1, keepdim=True)  # (*batch, Lq, 1)
         if d_lse is not None:
             D = D - _upcast(d_lse)[..., None]  # ∂lse/∂s = P: d_lse joins the softmax's row term
-        lse_safe = torch.where(lse == -math.inf, 0.0, _upcast(lse))[..., None]  # (*batch, Lq, 1)
+        m, l = stats  # (*batch, Lq) each, the compute dtype
+        empty = (m == -math.inf)[..., None]  # (*batch, Lq, 1): a row with no valid key, P = 0 there
+        m_safe = torch.where(empty, 0.0, m[..., None])  # (*batch, Lq, 1)
+        l_safe = torch.where(empty, 1.0, l[..., None])  # (*batch, Lq, 1)
+        dO, D = dO / l_safe, D / l_safe  # P = exp(s - m) / l: the row's 1 / l, applied once per row
         dq, dk, dv = torch.zeros_like(qs), torch.zeros_like(k32), torch.zeros_like(v32)
         d_bias = torch.zeros_like(_upcast(bias)) if want_bias else None
         d_slopes = torch.zeros_like(_upcast(slopes)) if want_slopes else None  # (H,) or (B, H)
@@ -219,7 +242,7 @@ def _backward(q, k, v, out, lse, d_out, d_lse, scale, scores, want_bias, want_sl
             q_b, dO_b, D_b = qs[..., q0:q1, :], dO[..., q0:q1, :], D[..., q0:q1, :]
             for k0, k1 in _key_blocks(sched, kb0, kb1):
                 k_b, v_b, s, valid, read, t = _block(q_b, k32, v32, scores, q0, q1, k0, k1)
-                P = torch.exp(s - lse_safe[..., q0:q1, :])  # (*batch, bq, bk)
+                P = torch.exp(s - m_safe[..., q0:q1, :])  # (*batch, bq, bk): l · the softmax's P
                 P = P if valid is None else torch.where(valid, P, 0.0)
                 dP = dO_b @ v_b.transpose(-1, -2)  # (*batch, bq, bk)
                 dS = P * (dP - D_b)  # (*batch, bq, bk)

@@ -27,7 +27,8 @@ heads and dtype; the block repeats them to ``H`` heads after arrival.
 through ``isend``/``irecv``): the reverse ring of
 ``numpy_ref.sharded._Ring.backward``. From the saved ``(out, lse)`` each step
 runs FlashAttention-2's backward of the block (``P = exp(s - lse)`` with the
-*final* ``lse``, ``D = rowsum(dO ∘ out) - d_lse``), adds ``dq`` locally and
+*final* ``lse``, rounded: a relative error of about ``u·|lse|`` in ``P``,
+as numpy_ref's ring; ``D = rowsum(dO ∘ out) - d_lse``), adds ``dq`` locally and
 adds ``dk``, ``dv`` to float accumulators that travel with the key/value
 shard; the shard is sent on ``N - 1`` times, the accumulators ``N`` times,
 which brings each home to the rank that owns its shard.
@@ -352,7 +353,7 @@ def _ring_forward(q, k, v, scale, ring):
         arriving = [torch.empty_like(x) for x in held] if s < ring.N - 1 else []
         requests = ring.exchange(held if arriving else [], arriving)  # travels while we compute
         if computed:
-            part = _block_forward(q32, held[0], held[1], scale, ring.scores(j, q.device))
+            part = _block_forward(q32, held[0], held[1], scale, ring.scores(j, q.device))[:2]  # (out, lse)
             running = part if running is None else _merge(*(torch.stack(x) for x in zip(running, part)))
         _wait(requests)
         held = arriving or held
@@ -367,11 +368,12 @@ def _ring_backward(q, k, v, out, lse, d_out, d_lse, scale, ring):
     dq = torch.zeros_like(q32)
     held = [k.contiguous(), v.contiguous()]
     acc = [torch.zeros_like(_upcast(k)), torch.zeros_like(_upcast(v))]  # travel with the shard
+    stats = (lse, torch.ones_like(lse))  # (m, l) = (lse, 1): P = exp(s - lse) from the merged lse
     for s, j, computed in ring.steps():
         arriving = [torch.empty_like(x) for x in held] if s < ring.N - 1 else []
         requests = ring.exchange(held if arriving else [], arriving)  # the next shard, during the block
         if computed:
-            g_q, g_k, g_v, _, _ = _block_backward(q32, _upcast(held[0]), _upcast(held[1]), out, lse, d_out,
+            g_q, g_k, g_v, _, _ = _block_backward(q32, _upcast(held[0]), _upcast(held[1]), out, stats, d_out,
                                                   d_lse, scale, ring.scores(j, q.device), False, False)
             dq += g_q
             acc[0] += g_k  # already summed over each group's query heads: Hkv heads
