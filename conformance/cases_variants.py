@@ -16,7 +16,9 @@ case: grouped attention uses B=2, H=6 query heads over Hkv=3 key/value heads
 Dk=4, Dv=8; multi-query H=3 over Hkv=1; the rotary cases B=2, H=3, L=5,
 Dh=8; ALiBi H=8 (slopes 2^-1 .. 2^-8), 6 and 12 (not powers of two: the
 interleaved rule of Press et al.), 3; multi-head attention D=16, H=4, Hkv=2
-(Dh=4) or D=12, H=3, Hkv=1.
+(Dh=4) or D=12, H=3, Hkv=1, and H=6 over Hkv=3 (D=12, or 24 with RoPE:
+Dh=4), where G = 2 differs from Hkv (with G = Hkv a mapping h // Hkv agrees
+with h // G).
 
 What a case pins, by option:
 
@@ -363,6 +365,12 @@ _case("gqa/mha/self/causal", _MHA, partial(_mha, self_attn=True, mask="causal"),
 _case("gqa/mha/cross/padding", _MHA, partial(_mha, mask="padding"))
 _case("gqa/mha/mqa/cross/padding+causal", _MHA, partial(_mha, D=12, H=3, Hkv=1, mask="padding+causal"),
       note="w_k, w_v (12, 4): one kv head")
+_case("gqa/mha/h6-hkv3/cross/padding", _MHA, partial(_mha, D=12, H=6, Hkv=3, mask="padding"),
+      note="H = 6 over Hkv = 3, G = 2 != Hkv: query head h reads kv head h // 2 (not h // 3, not h % 3)")
+_case("gqa/mha/h6-hkv3/rope/self/causal", _MHA,
+      partial(_mha, D=24, H=6, Hkv=3, self_attn=True, mask="causal", rope="half"),
+      note="a Llama block of H = 6 over Hkv = 3 (G = 2 != Hkv, Dh = 4): GQA, rotate_half RoPE, causal",
+      **_ROPE_B_K)
 _case("rope/mha/half/gqa/self/causal", _MHA, partial(_mha, self_attn=True, mask="causal", rope="half"),
       note="a Llama block: GQA, rotate_half RoPE at positions 0..L-1, causal", **_ROPE_B_K)
 _case("rope/mha/interleaved/gqa/self/padding+causal", _MHA,
@@ -399,6 +407,9 @@ _case("gqa/cache/mqa/singles", _INC, partial(_incremental, chunks=(1, 1, 1, 1, 1
       key_bias=False, zero=_zero("params.b_k", _KEY_BIAS))
 _case("softcap/cache/gqa/rope/prefill2-pair-single", _INC, partial(_incremental, chunks=(2, 2, 1), softcap=0.5),
       key_bias=False, note="each step's scores capped as the full pass's")
+_case("gqa/cache/h6-hkv3/rope/prefill2-single-pair", _INC,
+      partial(_incremental, chunks=(2, 1, 2), D=24, H=6, Hkv=3), key_bias=False,
+      note="a cache of Hkv = 3 rotated kv heads for H = 6 query heads (G = 2 != Hkv, Dh = 4)")
 _case("rope/cache/prefill3-pair", _INC,
       partial(_incremental, chunks=(3, 2), D=12, H=3, Hkv=None), key_bias=False,
       note="num_kv_heads None: H kv heads")

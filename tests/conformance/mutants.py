@@ -8,6 +8,9 @@ call each other through module globals, so replacing ``attention._scale``
 reaches scaled dot-product attention, multi-head attention and both encoder
 functions, forward and backward. A name imported into several modules
 (``from .layers import _dropout``) is replaced in every module that holds it.
+A bug confined to some callers of a helper (GQA's head mapping inside
+multi-head attention and the cache, not in the kernels) wraps those callers
+instead, each patching the helper for the duration of its own call.
 
 ``catches`` are the cases that must fail, derived from what the case
 exercises (not copied from a run); ``spares`` are cases that, by the same
@@ -50,7 +53,9 @@ class Mutant:
     Attributes:
       name: ``"family/bug"``, e.g. ``"scale/one-over-dh"``.
       bug: the bug in one line.
-      seam: ``"module.attribute"`` under ``numpy_ref`` that is replaced.
+      seam: ``"module.attribute"`` under ``numpy_ref`` that is replaced, or
+        several, separated by spaces, each replaced by ``make`` of its own
+        original (a bug confined to the functions that call one helper).
       make: ``make(original) -> replacement``.
       catches: cases that must fail (empty for an escape).
       spares: cases that cannot see the bug and must pass.
@@ -72,15 +77,17 @@ class Mutant:
 
 @contextlib.contextmanager
 def swapped(seam: str, make: Callable):
-    """Replace ``numpy_ref.<seam>`` by ``make(original)`` in every numpy_ref module holding it."""
-    module_name, _, attr = ("numpy_ref." + seam).rpartition(".")
-    original = getattr(sys.modules[module_name], attr)
-    replacement = make(original)
-    holders = [m for n, m in list(sys.modules.items())
-               if (n == "numpy_ref" or n.startswith("numpy_ref.")) and getattr(m, attr, None) is original]
+    """Replace ``numpy_ref.<seam>`` by ``make(original)`` in every numpy_ref module holding it
+    (``seam`` naming several attributes, space-separated: each by ``make`` of its own original)."""
     with contextlib.ExitStack() as stack:
-        for module in holders:
-            stack.enter_context(mock.patch.object(module, attr, replacement))
+        for one in seam.split():
+            module_name, _, attr = ("numpy_ref." + one).rpartition(".")
+            original = getattr(sys.modules[module_name], attr)
+            replacement = make(original)
+            holders = [m for n, m in list(sys.modules.items())
+                       if (n == "numpy_ref" or n.startswith("numpy_ref.")) and getattr(m, attr, None) is original]
+            for module in holders:
+                stack.enter_context(mock.patch.object(module, attr, replacement))
         yield
 
 
@@ -365,6 +372,18 @@ def _ring_kv_head_by_hkv(original):
     return Ring
 
 
+def _kv_head_by_hkv_inside(original):
+    """``original`` (multi-head attention, its backward, the cache's attend) run with query head
+    ``h`` reading kv head ``h // Hkv``, not ``h // G``: right when ``G = Hkv``; the kernels
+    (scaled dot-product, blockwise, sharded attention) called directly keep ``h // G``."""
+    @functools.wraps(original)
+    def inside(*args, **kwargs):
+        with mock.patch.object(A, "_repeat_kv", _kv_heads_by_hkv), \
+                mock.patch.object(A, "_group_sum", _group_sum_by_hkv):
+            return original(*args, **kwargs)
+    return inside
+
+
 def _ring_always_bottom_right(original):
     """A ring whose causal structure is aligned bottom-right (offset ``Lk - Lq``) whatever ``align`` says."""
     class Ring(original):
@@ -447,7 +466,17 @@ GQA_GROUPED = {"gqa/sdpa/cross/padding", "gqa/sdpa/self/causal", "gqa/sdpa/cross
                "gqa/blockwise/cross/padding", "gqa/blockwise/causal/bottom-right", "gqa/blockwise/poison/padding-nan",
                "alibi/blockwise/gqa+softcap/causal", "gqa/mha/self/causal", "gqa/mha/cross/padding",
                "rope/mha/half/gqa/self/causal", "rope/mha/interleaved/gqa/self/padding+causal",
-               "rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs"}
+               "rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs",
+               "gqa/mha/h6-hkv3/cross/padding", "gqa/mha/h6-hkv3/rope/self/causal",
+               "gqa/cache/h6-hkv3/rope/prefill2-single-pair"}
+#: multi-head attention and the cache with H = 6 over Hkv = 3: G = 2 != Hkv, so h // Hkv != h // G
+GQA_H6_HKV3_BLOCKS = {"gqa/mha/h6-hkv3/cross/padding", "gqa/mha/h6-hkv3/rope/self/causal",
+                      "gqa/cache/h6-hkv3/rope/prefill2-single-pair"}
+#: multi-head attention and the cache with G = Hkv = 2 (H = 4): h // Hkv = h // G
+GQA_G_EQ_HKV_BLOCKS = {"gqa/mha/self/causal", "gqa/mha/cross/padding", "rope/mha/half/gqa/self/causal",
+                       "rope/mha/interleaved/gqa/self/padding+causal", "softcap/mha/gqa/rope/self/padding+causal",
+                       "rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs",
+                       "softcap/cache/gqa/rope/prefill2-pair-single"}
 #: one kv head: h // H and h % 1 are both 0
 MQA = {"gqa/sdpa/mqa/cross/padding+causal", "gqa/sdpa/mqa/cross/bias", "gqa/blockwise/mqa/window+bias",
        "gqa/mha/mqa/cross/padding+causal", "rope/mha/half/mqa/self/causal", "rope/cache/mqa/one-pass",
@@ -466,11 +495,12 @@ ROPE_FUNCTION = {"rope/half/rank3", "rope/half/rank4/shifted-positions",
 ROPE_BLOCKS = {"rope/mha/half/gqa/self/causal", "rope/mha/interleaved/gqa/self/padding+causal",
                "rope/mha/half/cross/padding", "rope/mha/half/mqa/self/causal",
                "rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs",
-               "rope/cache/mqa/one-pass", "rope/cache/prefill3-pair"}
+               "rope/cache/mqa/one-pass", "rope/cache/prefill3-pair", "gqa/mha/h6-hkv3/rope/self/causal",
+               "gqa/cache/h6-hkv3/rope/prefill2-single-pair"}
 #: a cache over several steps with RoPE (the one-pass case is a single step at 0)
 ROPE_STEPS = {"rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs",
-              "rope/cache/prefill3-pair"}
-NO_ROPE = {"gqa/mha/self/causal", "gqa/mha/cross/padding", "gqa/cache/mqa/singles"}
+              "rope/cache/prefill3-pair", "gqa/cache/h6-hkv3/rope/prefill2-single-pair"}
+NO_ROPE = {"gqa/mha/self/causal", "gqa/mha/cross/padding", "gqa/cache/mqa/singles", "gqa/mha/h6-hkv3/cross/padding"}
 #: the incremental-decoding cases (conformance/cases_decoder.py)
 DECODER_INCREMENTAL = {"decoder/incremental/empty-prefill-singles", "decoder/incremental/prefill1-pairs",
                        "decoder/incremental/prefill3-singles", "decoder/incremental/one-pass",
@@ -696,6 +726,17 @@ MUTANTS = [
     # the modern variants (issue 15)
     _m("gqa/kv-head-h-mod-hkv", "k/v repeated by tile: query head h reads kv head h % Hkv, not h // G",
        "attention._repeat_kv", _const(_repeat_kv_tiled), GQA_GROUPED, spares=MQA),
+    _m("gqa/mha-kv-head-h-div-hkv",
+       "multi-head attention and the cache map query head h to kv head h // Hkv, not h // G",
+       "attention.multi_head_attention attention.multi_head_attention_backward cache._attend",
+       _kv_head_by_hkv_inside,
+       # Hkv = 1: h // 1 = h names kv heads that do not exist (an IndexError here; a kernel reads
+       # out of bounds), so the multi-query blocks fail too
+       GQA_H6_HKV3_BLOCKS | {"gqa/mha/mqa/cross/padding+causal", "rope/mha/half/mqa/self/causal",
+                             "rope/cache/mqa/one-pass", "gqa/cache/mqa/singles"},
+       # G = Hkv = 2; Hkv = H (G = 1); the kernels called directly, H = 6 over Hkv = 3 included
+       spares=GQA_G_EQ_HKV_BLOCKS | {"rope/mha/half/cross/padding", "rope/cache/prefill3-pair",
+                                     "gqa/sdpa/cross/padding", "gqa/blockwise/cross/padding"}),
     _m("softcap/after-bias", "cap · tanh((s + bias) / cap): a -inf bias becomes -cap, a weight",
        "attention._attention_probs", _const(_softcap_after_bias), SOFTCAP_WITH_BIAS, spares=SOFTCAP_NO_BIAS),
     _m("alibi/slopes-geometric-for-any-h", "2^(-8(h+1)/H) for every H (the rule for non-powers of two ignored)",
