@@ -130,6 +130,22 @@ def _softmax_nan_rows(x, mask, axis):
     return e / np.sum(e, axis=axis, keepdims=True)  # an empty row: 0 / 0 = NaN
 
 
+def _softmax_nonfinite_max_to_zero(x, mask, axis):
+    """A row max that is not finite, ``+inf`` as well as an empty row's ``-inf``, taken as 0,
+    and a row divided by its sum only when the sum is positive: a row with a valid ``+inf``
+    gets weight NaN at that key and 0 at the others, not NaN throughout (SPEC 3.3); its
+    output row is still NaN. (The example sdpa kernel did this before issue 29.)"""
+    valid = x != -np.inf
+    if mask is not None:
+        valid = valid & mask
+    m = np.max(np.where(valid, x, -np.inf), axis=axis, keepdims=True, initial=-np.inf)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.where(valid, np.exp(np.where(valid, x, 0.0) - m), 0.0)
+        s = np.sum(e, axis=axis, keepdims=True)
+        return e / np.where(s > 0, s, 1.0)
+
+
 def _uniform_empty_rows(original):
     def softmax(x, mask, axis):
         p = original(x, mask, axis)
@@ -599,6 +615,10 @@ MUTANTS = [
        "attention._attention_probs", _const(_probs_over_queries),
        SDPA_PLAIN | MHA_PLAIN | ENC_LAYERS | {"sdpa/length1/query"},  # Lq = 1: every weight 1
        spares={"softmax/none", "softmax/axis-2"}),  # the public softmax takes its own axis
+    _m("softmax/plus-inf-row-one-key", "a +inf row max taken as 0: weight NaN at the +inf key, 0 at the others",
+       "attention._masked_softmax", _const(_softmax_nonfinite_max_to_zero), {"sdpa/poison/plus-inf-bias"},
+       # +-inf only where the mask removes, fully masked rows, finite rows: as the spec's softmax
+       spares={"sdpa/poison/bias-inf", "sdpa/poison/padding+causal-inf", "sdpa/cross/none"} | FULLY_MASKED),
     _m("softmax/axis-ignored", "softmax always over the last axis, whatever axis is asked",
        "attention._masked_softmax", lambda orig: lambda x, mask, axis: orig(x, mask, -1),
        {"softmax/axis-2"}, spares={"softmax/none", "sdpa/cross/none"}),
