@@ -464,14 +464,15 @@ def test_blockwise_slopes_gradient_has_the_slopes_shape():
 
 def test_blockwise_gqa_saves_kv_heads_only():
     """Grouped k, v are saved with their Hkv heads (each block repeats its own
-    rows): the graph keeps q, k, v, the slopes, out and lse, nothing repeated,
-    nothing of size (Lq, Lk)."""
+    rows): the graph keeps q, k, v, the slopes, out and the rows' max and sum
+    (m, l: lse = m + log l, SPEC 3.22 Precision), nothing repeated, nothing of
+    size (Lq, Lk)."""
     q, k, v = leaves(randn(1, B, H, LQ, DH), randn(2, B, 1, LK, DH), randn(3, B, 1, LK, DV))
     (slopes,) = leaves(ti.alibi_slopes(H))
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(tuple(x.shape)) or x, lambda x: x):
         out, lse = ti.blockwise_attention(q, k, v, softcap=2.0, alibi_slopes=slopes, block_q=2, block_k=3)
-    assert sorted(saved) == sorted([q.shape, k.shape, v.shape, slopes.shape, out.shape, lse.shape])
+    assert sorted(saved) == sorted([q.shape, k.shape, v.shape, slopes.shape, out.shape, lse.shape, lse.shape])
 
 
 def test_blockwise_alibi_with_fully_masked_rows_has_no_nan():
