@@ -249,7 +249,7 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
     """
     G, N = rules.ring_attention(q, k, v, mask, scale, causal, align, layout,
                                 _ring_size(num_shards, mesh, axis_name))  # SPEC 3.24
-    mesh, axis_name = _ring_mesh(None if num_shards is None else N, mesh, axis_name)
+    mesh, axis_name = _ring_mesh(N, mesh, axis_name)
     run = _ring_program(mesh, axis_name, None if scale is None else float(scale), bool(causal), align,
                         layout, G, mask is not None)
     return run(q, k, v, mask)
@@ -275,19 +275,19 @@ def _axis_of(mesh, axis_name):
     return axis_name
 
 
-def _ring_mesh(num_shards, mesh, axis_name):
-    """``(mesh, axis_name)`` of the ring, num_shards already valid."""
+def _ring_mesh(N, mesh, axis_name):
+    """``(mesh, axis_name)`` of a ring of ``N`` shards (a Python int, already valid:
+    the count given, else the mesh's or the devices', :func:`_ring_size`)."""
     if mesh is None:
         devices = jax.devices()
-        N = len(devices) if num_shards is None else int(num_shards)
         if N > len(devices):
             raise ValueError(f"num_shards: expected at most the {len(devices)} devices of jax.devices(), got {N}")
         name = "seq" if axis_name is None else axis_name
         return _mesh_of(tuple(devices[:N]), (N,), (name,)), name
     axis_name = _axis_of(mesh, axis_name)
-    if num_shards is not None and int(num_shards) != mesh.shape[axis_name]:
+    if N != mesh.shape[axis_name]:
         raise ValueError(f"num_shards: expected None or the size {mesh.shape[axis_name]} of mesh axis "
-                         f"{axis_name!r}, got {num_shards}")
+                         f"{axis_name!r}, got {N}")
     return mesh, axis_name
 
 

@@ -41,13 +41,10 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from .test_bad_input_parity import (BASE, LISTABLE, OPTIONAL, RANDOM_RESULTS, Dtype, Rng, _dtype_name,
-                                    _leaves, _refused_properly, _same_results, _set, jax_mirror,
-                                    numpy_mirror, torch_mirror)
+from .test_bad_input_parity import (BASE, LISTABLE, OPTIONAL, RANDOM_RESULTS, _dtype_name, _leaves,
+                                    _refused_properly, _same_results, _set)
+from .test_bad_input_parity import jax_mirror, numpy_mirror, torch_mirror  # noqa: F401  (fixtures)
 from .tiers import SLOW
-
-__all__ = []  # a test module; the fixtures below are imported for pytest
-_FIXTURES = (numpy_mirror, torch_mirror, jax_mirror)
 
 #: arguments for which None is a valid value besides OPTIONAL's (None = "not given" / "default")
 NONE_OK = OPTIONAL | {"window", "softcap", "num_kv_heads", "rope", "num_shards", "rng", "dtype"}
@@ -113,7 +110,7 @@ def variants(function, kwargs):
             continue
         top, name = path[0], ".".join(map(str, path))
         nested = len(path) > 1
-        if _is_count(value) and (not nested or isinstance(value, int)):
+        if _is_count(value):
             for label, cast in (("0-d array", np.array), ("np.int64", np.int64), ("np.int32", np.int32)):
                 out.append((f"{name} as a {label}", _set(kwargs, path, cast(value)), False, True))
         if isinstance(value, np.ndarray):
@@ -163,16 +160,12 @@ OTHER_VIEW = {
 }
 
 
-def _draws_from_a_global_generator(function, what, kwargs):
-    """A keep-mask left out while dropout is on: numpy_ref and torch_impl draw it
-    from their global generators; JAX has none and asks for ``rng`` (SPEC 3.12)."""
-    return not _values_comparable(function, what, kwargs) and what.endswith("as None") and "mask" in what
-
-
 #: calls a mirror answers by its own documented API, not comparable with numpy_ref's
 NOT_COMPARABLE = {
     "jax_impl": lambda function, what, kwargs: (
-        _draws_from_a_global_generator(function, what, kwargs)
+        # numpy_ref and torch_impl draw a left-out keep-mask from their global
+        # generators; JAX has none and asks for ``rng`` (SPEC 3.12)
+        _keep_mask_left_out(function, what, kwargs)
         # ring_attention(num_shards=None): the size of the mesh, or every device (jax_impl's mesh API)
         or (function == "ring_attention" and what == "num_shards as None")),
 }
@@ -230,15 +223,20 @@ def _kind(a):
     return a.dtype.kind
 
 
+def _keep_mask_left_out(function, what, kwargs):
+    """A dropout keep-mask set to None while dropout is on: each package draws its own."""
+    name = what.split(" as ")[0]
+    dropout_on = float(kwargs.get("dropout_p", kwargs.get("p", 0)) or 0) > 0
+    return (dropout_on and what.endswith("as None") and "mask" in name
+            and (name.startswith("dropout") or function == "dropout"))
+
+
 def _values_comparable(function, what, kwargs):
     """False where each package draws its own numbers: ``init_*``, sampling, a
     ``dtype`` left to each package's default, a dropout keep-mask left to each
     package's generator while dropout is on."""
-    if function.startswith("init_") or function in RANDOM_RESULTS or what.startswith("dtype "):
-        return False
-    dropout_on = float(kwargs.get("dropout_p", kwargs.get("p", 0)) or 0) > 0
-    return not (dropout_on and "mask" in what.split(" as ")[0] and what.endswith("as None")
-                and (what.startswith("dropout") or function == "dropout"))
+    return not (function.startswith("init_") or function in RANDOM_RESULTS or what.startswith("dtype ")
+                or _keep_mask_left_out(function, what, kwargs))
 
 
 def _walk(ref, mirror, function, label, calls):
