@@ -48,7 +48,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 # the parameter-tree helpers of the three mirrors, written once (pure Python)
-from numpy_ref._contract.trees import flatten, tree_map  # noqa: F401  (flatten: part of this module's API)
+from numpy_ref.trees import flatten, tree_map  # noqa: F401  (flatten: part of this module's API)
 
 #: Output names per function. Functions not listed return one array, "out".
 OUTPUTS = {

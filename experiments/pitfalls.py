@@ -63,6 +63,7 @@ import numpy_ref
 import torch_impl
 
 from experiments._common import output_dir, parser, progress, pyplot, save_figure, table, write_json
+from numpy_ref.trees import flatten
 
 NAME = "pitfalls"
 
@@ -323,14 +324,6 @@ def _init_lm(cfg, seed):
     return p
 
 
-def _leaves(tree):
-    if isinstance(tree, dict):
-        return [t for v in tree.values() for t in _leaves(v)]
-    if isinstance(tree, list):
-        return [t for v in tree for t in _leaves(v)]
-    return [tree]
-
-
 def lm_logits(p, tokens, heads_, causal, pe):
     """``(B, T) -> (B, T, V)``; ``causal=False`` is THE PITFALL (e): no look-ahead mask."""
     T_ = tokens.shape[1]
@@ -363,7 +356,7 @@ def leakage(cfg, seed):
     for causal in (True, False):
         name = "masked" if causal else "no_mask"
         p = _init_lm(cfg, seed)  # the same init for both
-        leaves = _leaves(p)
+        leaves = list(flatten(p).values())
         for t in leaves:
             t.requires_grad_(True)
         opt = torch.optim.Adam(leaves, lr=cfg["lr"])

@@ -73,7 +73,7 @@ import time
 import numpy as np
 
 from experiments._common import output_dir, parser, progress, pyplot, save_figure, table, write_json
-from numpy_ref._contract.trees import flatten, unflatten
+from numpy_ref.trees import flatten, tree_map, unflatten
 
 #: the full run (docs/experiments) and the tiny one (tests/experiments/test_trajectory.py)
 CONFIGS = {
@@ -276,7 +276,7 @@ class TorchBackend:
         src, tgt_in, tgt_out = (torch.from_numpy(a) for a in batch)
         params = unflatten(dict(zip(self.names, self.leaves)))
         logits = self.impl.transformer(src, tgt_in, params, cfg["heads"], dropout_p=cfg["dropout_p"],
-                                       dropout_masks=_tree_map(torch.from_numpy, masks))
+                                       dropout_masks=tree_map(torch.from_numpy, masks))
         loss = self.impl.cross_entropy(logits, tgt_out)
         grads = list(torch.autograd.grad(loss, self.leaves))
         if self.optimizer == "explicit":
@@ -366,14 +366,6 @@ class JaxBackend:
 
     def final(self):
         return {k: np.asarray(v, np.float64) for k, v in self.params.items()}
-
-
-def _tree_map(fn, tree):
-    if isinstance(tree, dict):
-        return {k: _tree_map(fn, v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_tree_map(fn, v) for v in tree]
-    return fn(tree)
 
 
 # --------------------------------------------------------------------------

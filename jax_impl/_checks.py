@@ -1,5 +1,5 @@
 """Input validation for jax_impl: the contract of
-``numpy_ref/_contract/checks.py`` bound to JAX arrays, with a concreteness hook.
+``numpy_ref/_contract/rules/`` bound to JAX arrays, with a concreteness hook.
 
 Reads as ``numpy_ref/_checks.py`` and ``torch_impl/_checks.py`` do: define
 what an array is and its dtype ``kind``, then build ``rules`` from them.
@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpy_ref._contract.checks import Rules, rng_error
+from numpy_ref._contract.arguments import rng_error
+from numpy_ref._contract.rules import Rules
 
 __all__ = ["kind", "rules", "float_dtype"]
 

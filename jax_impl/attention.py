@@ -34,15 +34,28 @@ and cast the weights back before ``@ v``.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
 from ._checks import _key, float_dtype, rules
-from .layers import _add_broadcast, _dropout, _keep_mask, _upcast
-from .variants import _rotary
+from ._ops import (
+    _add_broadcast,
+    _softcap,
+    apply_dropout,
+    attention_scale,
+    keep_mask,
+    masked_softmax,
+    merge_heads,
+    read_keys,
+    read_positions,
+    repeat_kv,
+    rotary,
+    split_heads,
+    unread_to_zero,
+    upcast,
+)
 
 __all__ = [
     "softmax",
@@ -76,39 +89,7 @@ def softmax(x, axis=-1, mask=None):
       ``p``, same shape and dtype as ``x``; rows sum to 1 or to 0.
     """
     rules.softmax(x, axis, mask)  # SPEC 3.5: float x, int axis in range, bool mask
-    return _masked_softmax(_upcast(x), mask, axis).astype(x.dtype)
-
-
-def _masked_softmax(x, mask, axis):
-    # A masked entry becomes -inf, so "valid" is just ``x != -inf``: it gets
-    # exp(-inf - m) = 0 and gradient 0 without further selection.
-    if mask is not None:
-        x = jnp.where(mask, x, -jnp.inf)
-    return _softmax_of_valid(x, axis)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def _softmax_of_valid(x, axis):
-    # Row max over the valid entries; an empty row's max is set to 0 so that
-    # no ``-inf - (-inf)`` is ever computed. (``initial``: a row of Lk = 0
-    # keys has no max either.)
-    m = jnp.max(x, axis=axis, keepdims=True, initial=-jnp.inf)
-    m = jnp.where(m == -jnp.inf, 0.0, m)
-    e = jnp.exp(x - m)
-    s = jnp.sum(e, axis=axis, keepdims=True)
-    return e / jnp.where(s == 0, 1.0, s)  # an empty row: 0 / 1 = 0; a NaN sum stays NaN
-
-
-@_softmax_of_valid.defjvp
-def _softmax_of_valid_jvp(axis, primals, tangents):
-    # dp = p * (dx - sum(p * dx)), numpy_ref's softmax backward read forwards:
-    # only p is kept for the backward pass (as jax.nn.softmax does), not the
-    # exponentials and sums autodiff would save, and masked or empty rows
-    # (p = 0) pass exactly 0 back.
-    (x,), (dx,) = primals, tangents
-    p = _softmax_of_valid(x, axis)
-    p_dx = p * dx
-    return p, p_dx - p * jnp.sum(p_dx, axis=axis, keepdims=True)
+    return masked_softmax(upcast(x), mask, axis).astype(x.dtype)
 
 
 # --------------------------------------------------------------------------
@@ -155,19 +136,19 @@ def scaled_dot_product_attention(
       the softmax *before* dropout; a fully masked row gives 0 in both.
     """
     G = rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask, softcap)  # SPEC 3.6; G = H / Hkv
-    k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): Hkv heads -> H
-    scale = _scale(q, scale)
-    read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
-    k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
+    k, v = repeat_kv(k, G), repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): Hkv heads -> H
+    scale = attention_scale(q, scale)
+    read = read_keys(mask, bias)  # (*batch, Lk, 1) or None
+    k, v = unread_to_zero(k, read), unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
     # scores and softmax in float32 for half inputs
     # scale folded into q: Lq * Dk multiplies instead of Lq * Lk
-    scores = (_upcast(q) * scale) @ jnp.swapaxes(_upcast(k), -1, -2)  # (*batch, Lq, Lk)
+    scores = (upcast(q) * scale) @ jnp.swapaxes(upcast(k), -1, -2)  # (*batch, Lq, Lk)
     scores = _softcap(scores, softcap)  # (*batch, Lq, Lk), before the bias: -inf stays -inf
     if bias is not None:
-        scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
-    weights = _masked_softmax(scores, mask, -1).astype(q.dtype)  # (*batch, Lq, Lk)
-    keep = _keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
-    dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
+        scores = scores + upcast(bias)  # (*batch, Lq, Lk)
+    weights = masked_softmax(scores, mask, -1).astype(q.dtype)  # (*batch, Lq, Lk)
+    keep = keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
+    dropped = apply_dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
     return dropped @ v, weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
 
 
@@ -196,10 +177,10 @@ def additive_attention(query, keys, params, mask=None):
       ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
     """
     mask = rules.additive(query, keys, params, mask)  # SPEC 3.7; a (B, 1, 1, Lk) mask loses its head axis
-    keys = _unread_to_zero(keys, _read_keys(mask, None))  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
+    keys = unread_to_zero(keys, read_keys(mask, None))  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
     e = t @ params["v"]  # (B, Lq, Lk)
-    weights = _masked_softmax(_upcast(e), mask, -1).astype(e.dtype)  # (B, Lq, Lk)
+    weights = masked_softmax(upcast(e), mask, -1).astype(e.dtype)  # (B, Lq, Lk)
     return weights @ keys, weights  # (B, Lq, Dk), (B, Lq, Lk)
 
 
@@ -252,18 +233,18 @@ def multi_head_attention(
     Hkv = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
                     num_kv_heads, rope, rope_base, softcap)  # SPEC 3.8
     # SPEC 3.4a: a position no query of any head may attend is never read
-    read = _read_positions(_read_keys(mask, bias))  # (B|1, Lk, 1) or None
-    key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
+    read = read_positions(read_keys(mask, bias))  # (B|1, Lk, 1) or None
+    key, value = unread_to_zero(key, read), unread_to_zero(value, read)  # (B, Lk, D)
     # 1) project, 2) split heads
     qh, kh, vh = _project_heads(query, key, value, params, num_heads, Hkv)  # (B, H|Hkv, Lq|Lk, Dh)
     if rope is not None:  # absolute positions from 0 on both sides
-        qh, kh = _rotary(qh, None, rope_base, rope), _rotary(kh, None, rope_base, rope)  # (B, H|Hkv, L, Dh)
+        qh, kh = rotary(qh, None, rope_base, rope), rotary(kh, None, rope_base, rope)  # (B, H|Hkv, L, Dh)
     # 3) attend (which zeroes the keys a single head does not read)
     heads, weights = scaled_dot_product_attention(
         qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng, softcap=softcap
     )  # (B, H, Lq, Dh), (B, H, Lq, Lk)
     # 4) concat
-    concat = _merge_heads(heads)  # (B, Lq, D)
+    concat = merge_heads(heads)  # (B, Lq, D)
     # 5) output projection
     return _add_broadcast(concat @ params["w_o"], params["b_o"]), weights  # (B, Lq, D), (B, H, Lq, Lk)
 
@@ -275,17 +256,7 @@ def _project_heads(query, key, value, params, num_heads, num_kv_heads=None):
     v = _add_broadcast(value @ params["w_v"], params["b_v"])  # (B, Lk, Hkv·Dh)
     # 2) split heads
     Hkv = num_heads if num_kv_heads is None else num_kv_heads
-    return _split_heads(q, num_heads), _split_heads(k, Hkv), _split_heads(v, Hkv)  # (B, H|Hkv, L, Dh)
-
-
-def _split_heads(x, num_heads):
-    B, L, D = x.shape
-    return x.reshape(B, L, num_heads, D // num_heads).swapaxes(1, 2)  # (B, H, L, Dh)
-
-
-def _merge_heads(x):
-    B, H, L, Dh = x.shape
-    return x.swapaxes(1, 2).reshape(B, L, H * Dh)  # (B, L, D)
+    return split_heads(q, num_heads), split_heads(k, Hkv), split_heads(v, Hkv)  # (B, H|Hkv, L, Dh)
 
 
 # --------------------------------------------------------------------------
@@ -337,79 +308,3 @@ def init_additive_attention(rng, d_query, d_key, d_attn, dtype=jnp.float32):
 def _xavier_uniform(key, fan_in, fan_out, dtype):
     bound = math.sqrt(6.0 / (fan_in + fan_out))
     return jax.random.uniform(key, (fan_in, fan_out), dtype, -bound, bound)
-
-
-# --------------------------------------------------------------------------
-# shared pieces: unread keys, scale
-# --------------------------------------------------------------------------
-
-
-def _read_keys(mask, bias):
-    """Which keys some query may attend, as rows: ``read[..., j, 0] =
-    any_i(mask[..., i, j] & (bias[..., i, j] != -inf))``, shape ``(..., Lk, 1)``
-    (broadcastable to ``k``), or None when neither is given (every key is read).
-
-    Decided by ``mask`` and ``bias`` alone, never by the scores: whether a key
-    is read must not depend on the key (SPEC 3.4a).
-    """
-    if mask is None and bias is None:
-        return None
-    valid = mask
-    if bias is not None:
-        finite = bias != -jnp.inf  # a -inf score counts as masked (SPEC 3.3)
-        valid = finite if valid is None else valid & finite
-    return jnp.swapaxes(jnp.any(jnp.atleast_2d(valid), axis=-2, keepdims=True), -1, -2)  # (..., Lk, 1)
-
-
-def _read_positions(read):
-    """:func:`_read_keys` of a ``(B, H, Lq, Lk)`` mask reduced over the heads:
-    the key/value *input* positions some head reads, ``(B|1, Lk, 1)``, or None."""
-    if read is None:
-        return None
-    read = read.reshape((1,) * (4 - read.ndim) + tuple(read.shape))  # (B|1, H|1, Lk, 1)
-    return jnp.any(read, axis=1)  # (B|1, Lk, 1)
-
-
-def _unread_to_zero(x, read):
-    """``where(read, x, 0)``: the rows of unread keys set to 0 by selection, so
-    a NaN or inf there reaches neither a product nor a gradient (the where's
-    own gradient is 0 in those rows); ``x`` itself when ``read`` is None."""
-    return x if read is None else jnp.where(read, x, 0.0)
-
-
-def _repeat_kv(x, G):
-    """Grouped-query attention: key/value head ``g`` repeated ``G`` times
-    along axis 1, so query head ``h`` meets head ``h // G``
-    (``repeat_interleave``); autodiff sums the copies' gradients per group.
-    ``x`` itself when ``G = 1``."""
-    return x if G == 1 else jnp.repeat(x, G, axis=1)  # (B, Hkv, L, D) -> (B, Hkv·G, L, D)
-
-
-def _softcap(scores, softcap):
-    """``softcap · tanh(scores / softcap)``; the scores themselves when None."""
-    if softcap is None:
-        return scores
-    cap = float(softcap)  # a Python float is weakly typed: the scores keep their dtype
-    return cap * _tanh(scores / cap)
-
-
-def _tanh(x):
-    """``tanh(x)``, within 1.5 ulp of the truth in float32 where ``|x| >= 0.55``.
-
-    XLA's CPU ``tanh`` is a fast rational approximation, measured up to 4.4
-    ulp from the truth in float32 for ``2 < |x| < 9`` (numpy's: 1.4), which
-    took soft-capped scores past the float32 bound exactly where the cap
-    decides. There ``tanh(x) = sign(x) (1 - e) / (1 + e)`` with
-    ``e = exp(-2|x|)`` (no cancellation, ``1 - e >= 0.67``; XLA's ``exp`` is
-    accurate), measured 1.5 ulp; below, ``jnp.tanh`` itself (3.6 ulp, on
-    small scores). Both branches are finite, so the selection passes a
-    finite gradient, ``1 - tanh²``.
-    """
-    a = jnp.abs(x)
-    e = jnp.exp(-2 * a)
-    return jnp.where(a < 0.55, jnp.tanh(x), jnp.sign(x) * ((1 - e) / (1 + e)))
-
-
-def _scale(q, scale):
-    # A Python float is weakly typed: float32 and bfloat16 inputs keep their dtype.
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

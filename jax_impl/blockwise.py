@@ -27,8 +27,7 @@ from jax import lax
 from numpy_ref._contract import blocks as _blocks
 
 from ._checks import rules
-from .attention import _repeat_kv, _scale, _softcap
-from .layers import _HALF, _upcast
+from ._ops import HALF_DTYPES, _softcap, attention_scale, repeat_kv, upcast
 
 __all__ = ["blockwise_attention", "block_schedule"]
 
@@ -129,18 +128,18 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
     """
     block_q, block_k, window, G = rules.blockwise(q, k, v, mask, bias, scale, block_q, block_k,
                                                   causal, window, align, softcap, alibi_slopes)  # SPEC 5
-    k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # grouped-query, G = H / Hkv: (B, H, Lk, Dk|Dv)
+    k, v = repeat_kv(k, G), repeat_kv(v, G)  # grouped-query, G = H / Hkv: (B, H, Lk, Dk|Dv)
     *batch, Lq, _ = q.shape
     Lk, Dv = k.shape[-2], v.shape[-1]
     sched = _blocks.block_schedule(Lq, Lk, block_q, block_k, causal, window, align)
     dtype = q.dtype
-    lse_dtype = jnp.float32 if dtype in _HALF else dtype
+    lse_dtype = jnp.float32 if dtype in HALF_DTYPES else dtype
     if sched.max_k_blocks == 0 or 0 in batch:  # an empty batch, Lq = 0, Lk = 0, or no row sees any key
         return jnp.zeros((*batch, Lq, Dv), dtype), jnp.full((*batch, Lq), -jnp.inf, lse_dtype)
     # the whole recurrence in float32 for half inputs; scale folded into q as the dense sdpa does
-    q, k, v = _upcast(q) * _scale(q, scale), _upcast(k), _upcast(v)
-    bias = None if bias is None else _upcast(bias)
-    slopes = None if alibi_slopes is None else _upcast(alibi_slopes)[..., None, None]  # (B|, H, 1, 1)
+    q, k, v = upcast(q) * attention_scale(q, scale), upcast(k), upcast(v)
+    bias = None if bias is None else upcast(bias)
+    slopes = None if alibi_slopes is None else upcast(alibi_slopes)[..., None, None]  # (B|, H, 1, 1)
     out, lse = _attend_blocks(q, k, v, mask, bias, sched, softcap, slopes)  # (*batch, Lq, Dv), (*batch, Lq)
     return out.astype(dtype), lse.astype(lse_dtype)  # out rounded once
 

@@ -45,18 +45,18 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import float_dtype, rules
-from .attention import (
-    _merge_heads,
-    _project_heads,
-    _read_keys,
-    _read_positions,
-    _split_heads,
-    _unread_to_zero,
-    scaled_dot_product_attention,
+from ._ops import (
+    _add_broadcast,
+    merge_heads,
+    read_keys,
+    read_positions,
+    rotary,
+    split_heads,
+    unread_to_zero,
 )
+from .attention import _project_heads, scaled_dot_product_attention
 from .decoder import _layer_body
-from .layers import _add_broadcast, layer_norm
-from .variants import _rotary
+from .layers import layer_norm
 
 __all__ = [
     "init_attention_cache",
@@ -136,15 +136,15 @@ def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=No
     q, k, v = _project_heads(x, x, x, params, num_heads, num_kv_heads)  # (B, H|Hkv, T, Dh)
     position = length + jnp.arange(T, dtype=LENGTH_DTYPE)  # (T,) absolute positions of the new tokens
     if rope is not None:  # rotated before k is written: the cache holds rotated keys
-        q = _rotary(q, position, rope_base, rope)  # (B, H, T, Dh)
-        k = _rotary(k, position, rope_base, rope)  # (B, Hkv, T, Dh)
+        q = rotary(q, position, rope_base, rope)  # (B, H, T, Dh)
+        k = rotary(k, position, rope_base, rope)  # (B, Hkv, T, Dh)
     zero = jnp.zeros((), LENGTH_DTYPE)
     start = (zero, zero, length.astype(LENGTH_DTYPE), zero)
     k_all = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)  # (B, Hkv, C, Dh)
     v_all = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)  # (B, Hkv, C, Dh)
     mask = jnp.arange(C, dtype=LENGTH_DTYPE)[None, :] <= position[:, None]  # (T, C), bottom-right causal
     heads, _ = scaled_dot_product_attention(q, k_all, v_all, mask, softcap=softcap)  # (B, H, T, Dh); GQA by the shapes
-    out = _add_broadcast(_merge_heads(heads) @ params["w_o"], params["b_o"])  # (B, T, D)
+    out = _add_broadcast(merge_heads(heads) @ params["w_o"], params["b_o"])  # (B, T, D)
     # overflow under jit: dynamic_update_slice clamped the start and overwrote
     # filled slots; poison everything it touched instead of returning garbage
     bad = (length < 0) | (length + T > C)
@@ -224,8 +224,8 @@ def init_decoder_layer_cache(memory, params, num_heads, capacity):
 def _layer_cache(memory, params, num_heads, capacity):
     B, _, D = memory.shape
     p = params["cross_attn"]
-    k = _split_heads(_add_broadcast(memory @ p["w_k"], p["b_k"]), num_heads)  # (B, H, S, Dh)
-    v = _split_heads(_add_broadcast(memory @ p["w_v"], p["b_v"]), num_heads)  # (B, H, S, Dh)
+    k = split_heads(_add_broadcast(memory @ p["w_k"], p["b_k"]), num_heads)  # (B, H, S, Dh)
+    v = split_heads(_add_broadcast(memory @ p["w_v"], p["b_v"]), num_heads)  # (B, H, S, Dh)
     return {"self_attn": _empty_cache(B, num_heads, capacity, D // num_heads, memory.dtype),
             "cross_attn": {"k": k, "v": v}}
 
@@ -275,9 +275,9 @@ class _CachedAttention:
 
     def cross_attn(self, z):
         p, kv = self.params["cross_attn"], self.cache["cross_attn"]
-        q = _split_heads(_add_broadcast(z @ p["w_q"], p["b_q"]), self.num_heads)  # (B, H, T, Dh)
+        q = split_heads(_add_broadcast(z @ p["w_q"], p["b_q"]), self.num_heads)  # (B, H, T, Dh)
         heads, _ = scaled_dot_product_attention(q, kv["k"], kv["v"], self.memory_mask)  # (B, H, T, Dh)
-        return _add_broadcast(_merge_heads(heads) @ p["w_o"], p["b_o"]), None  # (B, T, D)
+        return _add_broadcast(merge_heads(heads) @ p["w_o"], p["b_o"]), None  # (B, T, D)
 
 
 # --------------------------------------------------------------------------
@@ -348,8 +348,8 @@ def decoder_incremental(x, memory, params, num_heads, *, chunks, memory_mask=Non
     L = x.shape[1]
     # SPEC 3.4a, as multi_head_attention: memory rows no query reads are set
     # to 0 before the projection, so NaN padding reaches no gradient either
-    read = _read_positions(_read_keys(memory_mask, None))  # (B|1, S, 1) or None
-    cache = _decoder_cache(_unread_to_zero(memory, read), params, num_heads, L)
+    read = read_positions(read_keys(memory_mask, None))  # (B|1, S, 1) or None
+    cache = _decoder_cache(unread_to_zero(memory, read), params, num_heads, L)
     per_row = memory_mask is not None and memory_mask.ndim >= 2 and memory_mask.shape[-2] == L > 1
 
     def step(cache, start, T):  # the T positions from ``start`` (a traced index inside a scan)

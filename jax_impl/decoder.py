@@ -34,7 +34,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from numpy_ref._contract.checks import DECODER_DROPOUT_SITES, DECODER_LAYER_KEYS  # noqa: F401
+from numpy_ref._contract.tables import DECODER_DROPOUT_SITES, DECODER_LAYER_KEYS  # noqa: F401
 
 from ._checks import _key, float_dtype, rules
 from .attention import init_multi_head_attention, multi_head_attention

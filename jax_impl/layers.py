@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import _key, float_dtype, rules
+from ._ops import _add_broadcast, apply_dropout, keep_mask, upcast
 
 __all__ = [
     "linear",
@@ -28,9 +29,6 @@ __all__ = [
     "init_layer_norm",
     "init_feed_forward",
 ]
-
-_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-
 
 def linear(x, w, b=None):
     """Affine map on the last axis: ``y = x @ w + b``.
@@ -65,7 +63,7 @@ def layer_norm(x, params, eps=1e-5):
     """
     rules.layer_norm(x, params, eps)  # SPEC 3.10: x (..., D), gamma/beta (D,), eps > 0
     x_hat, _ = _normalize(x, eps)  # (..., D), float32 for half
-    out = _upcast(params["gamma"]) * x_hat + _upcast(params["beta"])  # (..., D)
+    out = upcast(params["gamma"]) * x_hat + upcast(params["beta"])  # (..., D)
     return out.astype(x.dtype)  # rounded once
 
 
@@ -89,8 +87,8 @@ def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None,
     """
     rules.feed_forward(x, params, activation, dropout_p, dropout_mask)  # SPEC 3.11, the hidden keep-mask
     hidden = _ACT[activation](linear(x, params["w_1"], params["b_1"]))  # (..., F)
-    keep = _keep_mask(dropout_p, dropout_mask, rng, hidden)  # (..., F) or None
-    hidden = _dropout(hidden, keep, dropout_p)  # (..., F)
+    keep = keep_mask(dropout_p, dropout_mask, rng, hidden)  # (..., F) or None
+    hidden = apply_dropout(hidden, keep, dropout_p)  # (..., F)
     return linear(hidden, params["w_2"], params["b_2"])  # (..., D)
 
 
@@ -111,7 +109,7 @@ def dropout(x, p, mask=None, rng=None):
       array of ``x``'s shape and dtype.
     """
     rules.dropout(x, p, mask)  # SPEC 3.12: float x, p in [0, 1), keep-mask of x's shape
-    return _dropout(x, _keep_mask(p, mask, rng, x, "p", "mask"), p)
+    return apply_dropout(x, keep_mask(p, mask, rng, x, "p", "mask"), p)
 
 
 def init_layer_norm(d_model, dtype=jnp.float32):
@@ -147,62 +145,15 @@ def init_feed_forward(rng, d_model, d_ff, dtype=jnp.float32):
 # helpers
 
 
-def _upcast(x):
-    """float16/bfloat16 -> float32, other dtypes unchanged: the half-precision recipe.
-
-    Softmax and layer norm upcast their inputs once, compute in float32 and
-    round the result back once (``.astype(x.dtype)``), as numpy_ref does.
-    """
-    return x.astype(jnp.float32) if x.dtype in _HALF else x
-
-
-def _add_broadcast(y, b):
-    """``y + b`` with ``b`` broadcast over leading axes (a bias, a position table).
-
-    The same value as ``y + b`` (one rounding), but for half inputs the sum
-    runs in float32, so that autodiff's transpose of the broadcast, the sum
-    of the cotangent over the leading axes, accumulates in float32 and is
-    rounded once, as torch's autograd and numpy_ref do; XLA would otherwise
-    add the bfloat16 terms in bfloat16 (measured: up to 7x the reference's
-    error on a bias gradient over 60 rows).
-    """
-    return (_upcast(y) + _upcast(b)).astype(y.dtype) if y.dtype in _HALF else y + b
-
-
 def _normalize(x, eps):
     """``x_hat = (x - mean) / sqrt(var + eps)`` and ``1 / sqrt(var + eps)``.
 
     In float32 for half ``x``; the caller rounds its result once.
     """
-    x = _upcast(x)
+    x = upcast(x)
     centered = x - x.mean(axis=-1, keepdims=True)  # (..., D)
     inv_std = 1.0 / jnp.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
     return centered * inv_std, inv_std
-
-
-def _keep_mask(p, mask, rng, x, p_name="dropout_p", mask_name="dropout_mask"):
-    """The bool keep-mask of ``x``'s entries: ``mask``, or drawn from the key
-    ``rng``; None when ``p == 0`` (dropout off). The caller checked ``p`` and
-    ``mask``; the names are the caller's, for the error JAX needs (no global
-    generator to fall back on)."""
-    if float(p) == 0.0:
-        return None
-    if mask is not None:
-        return mask
-    if rng is None:
-        raise ValueError(
-            f"rng: expected a JAX PRNG key (or an explicit {mask_name}) when "
-            f"{p_name} > 0; here {p_name}={p}, got None"
-        )
-    return jax.random.bernoulli(_key(rng), 1.0 - float(p), x.shape)
-
-
-def _dropout(x, keep, p):
-    """Inverted dropout ``where(keep, x / (1 - p), 0)``; ``keep`` None is the identity.
-
-    By selection: a dropped entry is exactly 0, even where ``x`` is inf or NaN.
-    """
-    return x if keep is None else jnp.where(keep, x / (1.0 - float(p)), 0)
 
 
 # --------------------------------------------------------------------------

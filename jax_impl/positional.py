@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import _key, float_dtype, rules
-from .layers import _add_broadcast
+from ._ops import _add_broadcast
 
 __all__ = [
     "sinusoidal_encoding",

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import _key, float_dtype, rules
+from ._ops import _argmax, _bos, _embed
 from .attention import additive_attention, init_additive_attention
 
 __all__ = [
@@ -316,14 +317,6 @@ def _logits(s, c, out):
     return jnp.concatenate([s, c], -1) @ out["w"] + out["b"]  # (B, Vt)
 
 
-def _embed(table, tokens):
-    """``table[tokens]``; an out-of-range token (only possible under ``jit``,
-    where the value rule cannot run) reads NaN instead of a wrapped or clamped row."""
-    V = table.shape[0]
-    tokens = jnp.where(tokens < 0, V, tokens)  # negative indices would wrap; send them out of range
-    return jnp.take(table, tokens, axis=0, mode="fill", fill_value=jnp.nan)  # (*tokens.shape, E)
-
-
 def _time_major(x):
     return jnp.swapaxes(x, 0, 1)  # (B, T, ...) -> (T, B, ...)
 
@@ -333,19 +326,6 @@ def _source_mask(src, src_lengths):
     if src_lengths is None:
         return None
     return (jnp.arange(src.shape[1]) < src_lengths[:, None])[:, None, :]  # (B, 1, Ls)
-
-
-def _index_dtype():
-    """``jnp.argmax``'s dtype: int64 with ``jax_enable_x64``, else int32."""
-    return jax.dtypes.canonicalize_dtype(jnp.int64)
-
-
-def _bos(bos, src):
-    return jnp.full((src.shape[0],), bos, _index_dtype())  # (B,)
-
-
-def _argmax(logits):
-    return jnp.argmax(logits, axis=-1).astype(_index_dtype())  # (B,); ties: the lowest index
 
 
 # --------------------------------------------------------------------------

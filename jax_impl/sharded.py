@@ -35,9 +35,9 @@ from numpy_ref._contract import blocks as _blocks
 from numpy_ref._contract import ring as _ring
 
 from ._checks import rules
-from .attention import _repeat_kv, _scale, scaled_dot_product_attention
+from ._ops import HALF_DTYPES, attention_scale, repeat_kv, upcast
+from .attention import scaled_dot_product_attention
 from .blockwise import _attend_blocks
-from .layers import _HALF, _upcast
 
 __all__ = [
     "shard_positions", "ring_schedule", "shard_sequence", "unshard_sequence",
@@ -147,8 +147,8 @@ def merge_attention(outs, lses):
       ``(out (*batch, Lq, Dv), lse (*batch, Lq))``.
     """
     rules.merge_attention(outs, lses)  # SPEC 3.24
-    out, lse = _merge(_upcast(outs), _upcast(lses))
-    return out.astype(outs.dtype), lse.astype(jnp.float32 if outs.dtype in _HALF else outs.dtype)
+    out, lse = _merge(upcast(outs), upcast(lses))
+    return out.astype(outs.dtype), lse.astype(jnp.float32 if outs.dtype in HALF_DTYPES else outs.dtype)
 
 
 def _merge(outs, lses):
@@ -307,7 +307,7 @@ def _ring_program(mesh, axis, scale, causal, align, layout, G, has_mask):
         *batch, Lq, _ = q.shape
         Lk, Dv = k.shape[-2], v.shape[-1]
         dtype = q.dtype
-        lse_dtype = jnp.float32 if dtype in _HALF else dtype
+        lse_dtype = jnp.float32 if dtype in HALF_DTYPES else dtype
         if Lq == 0 or Lk == 0:
             return jnp.zeros((*batch, Lq, Dv), dtype), jnp.full((*batch, Lq), -jnp.inf, lse_dtype)
         sched = _ring.ring_schedule(Lq, Lk, N, causal, align, layout)
@@ -391,7 +391,7 @@ def _ring_body(q, k, v, mask=None, *, sched, axis, scale, G):
     q, k, v = (_to_layout(x, -2, r, N, layout, axis) for x in (q, k, v))
     if mask is not None and mask.shape[-2] > 1:
         mask = _to_layout(mask, -2, r, N, layout, axis)  # rows: this device's queries
-    qf = _upcast(q) * _scale(q, scale)  # scale folded into q, as blockwise_attention
+    qf = upcast(q) * attention_scale(q, scale)  # scale folded into q, as blockwise_attention
     q_pos = jnp.asarray(sched.q_positions)[r]  # (nq,) global positions of the held queries
     k_table = jnp.asarray(sched.k_positions)  # (N, nk)
     computed = jnp.asarray(sched.computed)  # (N, N)
@@ -408,7 +408,7 @@ def _ring_body(q, k, v, mask=None, *, sched, axis, scale, G):
             if mask is not None:
                 m = mask if mask.shape[-1] == 1 else _key_columns(mask, j, nk, N, layout)  # (*bb, nq|1, nk)
                 allowed = m if allowed is None else allowed & m  # (*bb, nq|1, nk|1)
-            kf, vf = _repeat_kv(_upcast(k_j), G), _repeat_kv(_upcast(v_j), G)  # Hkv -> H heads
+            kf, vf = repeat_kv(upcast(k_j), G), repeat_kv(upcast(v_j), G)  # Hkv -> H heads
             part = _attend_blocks(qf, kf, vf, allowed, None, block)  # (*batch, nq, Dv), (*batch, nq)
             return _merge_two(carry, part)
 

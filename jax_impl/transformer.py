@@ -44,13 +44,13 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import _key, float_dtype, rules
+from ._ops import _add_broadcast, _argmax, _bos, _embed, _index_dtype, upcast
 from .cache import _decoder_cache, _decoder_step
 from .decoder import decoder, init_decoder
 from .encoder import encoder, init_encoder
-from .layers import _add_broadcast, _upcast, dropout
+from .layers import dropout
 from .masks import causal_mask, combine_masks, padding_mask
 from .positional import sinusoidal_encoding
-from .seq2seq import _argmax, _bos, _embed, _index_dtype
 
 __all__ = [
     "transformer",
@@ -130,7 +130,7 @@ def cross_entropy(logits, targets, *, ignore_index=None, label_smoothing=0.0):
     """
     ignore_index, eps = rules.cross_entropy(  # ids in [0, V) when concrete, smoothing in [0, 1)
         logits, targets, ignore_index, label_smoothing)
-    z = _upcast(logits)  # (..., V), float32 for half
+    z = upcast(logits)  # (..., V), float32 for half
     V = z.shape[-1]
     m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))  # (..., 1); cancels in log p
     log_p = z - m - jnp.log(jnp.sum(jnp.exp(z - m), axis=-1, keepdims=True))  # (..., V)
@@ -226,7 +226,7 @@ def sample_decode(src, params, num_heads, *, bos, max_len, rng, temperature=1.0,
     cfg = (num_heads, tie_embeddings, norm_first, activation, eps)
 
     def choose(logits, t):  # (B, Vt) -> (B,)
-        scaled = _upcast(logits) / temperature
+        scaled = upcast(logits) / temperature
         return jax.random.categorical(jax.random.fold_in(rng, t), scaled, axis=-1).astype(_index_dtype())
 
     if max_len == 0:
@@ -246,7 +246,7 @@ def _embed_scaled(table, tokens, pe):
     first), then ``pe`` is added in float32 and rounded once.
     """
     rows = _embed(table, tokens)  # (B, L, D)
-    scaled = (_upcast(rows) * math.sqrt(table.shape[1])).astype(table.dtype)  # (B, L, D)
+    scaled = (upcast(rows) * math.sqrt(table.shape[1])).astype(table.dtype)  # (B, L, D)
     return _add_broadcast(scaled, pe[: tokens.shape[1]])  # (B, L, D)
 
 

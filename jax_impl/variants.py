@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import float_dtype, rules
-from .layers import _upcast
+from ._ops import rotary
 
 __all__ = ["rotary_embedding", "rope_permutation", "convert_rope_params", "alibi_slopes", "alibi_bias"]
 
@@ -56,38 +56,7 @@ def rotary_embedding(x, positions=None, *, base=10000.0, convention="half"):
       the rotated ``x``, same shape and dtype.
     """
     rules.rotary_embedding(x, positions, base, convention)  # SPEC 3.23; positions >= 0 when concrete
-    return _rotary(x, positions, base, convention)
-
-
-def _rotary(x, positions, base, convention):
-    """:func:`rotary_embedding` without the checks (mha and the cache call it
-    with positions they built, traced in the cache)."""
-    cos, sin = _angles(x, positions, base)  # (B|1, 1?, L, Dh/2) each
-    return _rotate(_upcast(x), cos, sin, convention).astype(x.dtype)  # rounded once
-
-
-def _angles(x, positions, base):
-    """``cos`` and ``sin`` of ``positions · θ_i`` in the compute dtype, shaped
-    to broadcast against the pairs of ``x``: ``(L, Dh/2)``, ``(B, L, Dh/2)``,
-    or ``(B, 1, L, Dh/2)`` for per-sequence positions of a rank-4 ``x``."""
-    L, Dh = x.shape[-2:]
-    dtype = _upcast(x).dtype  # float64 for float64 x, float32 otherwise
-    theta = float(base) ** (-np.arange(0, Dh, 2, dtype=np.float64) / Dh)  # (Dh/2,) on the host
-    p = jnp.arange(L) if positions is None else jnp.asarray(positions)  # (L,) or (B, L)
-    angle = p.astype(dtype)[..., None] * jnp.asarray(theta, dtype)  # (L, Dh/2) or (B, L, Dh/2)
-    if angle.ndim == 3 and x.ndim == 4:
-        angle = angle[:, None]  # (B, 1, L, Dh/2): the same positions for every head
-    return jnp.cos(angle), jnp.sin(angle)
-
-
-def _rotate(x, cos, sin, convention):
-    """Each pair ``(a, b)`` of ``x (..., Dh)`` -> ``(a cos - b sin, a sin + b cos)``."""
-    half = x.shape[-1] // 2
-    if convention == "half":
-        a, b = x[..., :half], x[..., half:]  # (..., Dh/2) each
-        return jnp.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)  # (..., Dh)
-    a, b = x[..., 0::2], x[..., 1::2]  # (..., Dh/2) each
-    return jnp.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(x.shape)  # (..., Dh)
+    return rotary(x, positions, base, convention)
 
 
 def rope_permutation(head_dim):

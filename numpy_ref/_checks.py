@@ -1,4 +1,4 @@
-"""Input validation for numpy_ref: the contract of ``_contract/checks.py``
+"""Input validation for numpy_ref: the contract of ``_contract/rules/``
 bound to numpy arrays.
 
 Reads as ``torch_impl/_checks.py`` and ``jax_impl/_checks.py`` do: define what
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._contract.checks import Rules, rng_error
+from ._contract.arguments import rng_error
+from ._contract.rules import Rules
 
 __all__ = ["kind", "rules", "float_dtype", "BFLOAT16", "HALF_DTYPES"]
 

@@ -32,8 +32,25 @@ import math
 import numpy as np
 
 from ._checks import _generator, float_dtype, rules
-from .layers import _dropout, _keep_mask, _matmul, _sum, _upcast, linear_backward
-from .variants import _rotary
+from ._ops import (
+    _group_sum,
+    _matmul,
+    _sum,
+    _sum_to_shape,
+    apply_dropout,
+    attention_scale,
+    keep_mask,
+    masked_softmax,
+    merge_heads,
+    read_keys,
+    read_positions,
+    repeat_kv,
+    rotary,
+    split_heads,
+    unread_to_zero,
+    upcast,
+)
+from .layers import linear_backward
 
 __all__ = [
     "softmax",
@@ -72,7 +89,7 @@ def softmax(x, axis=-1, mask=None):
       ``p``, same shape and dtype as ``x``; rows sum to 1 or to 0.
     """
     rules.softmax(x, axis, mask)  # SPEC 3.5: float x, int axis in range, bool mask
-    return _masked_softmax(_upcast(x), mask, axis).astype(x.dtype, copy=False)
+    return masked_softmax(upcast(x), mask, axis).astype(x.dtype, copy=False)
 
 
 def softmax_backward(d_out, x, axis=-1, mask=None):
@@ -87,25 +104,8 @@ def softmax_backward(d_out, x, axis=-1, mask=None):
     """
     rules.softmax(x, axis, mask)  # SPEC 3.5: float x, int axis in range, bool mask
     rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
-    p = _masked_softmax(_upcast(x), mask, axis)  # shape of x
-    return {"x": _softmax_grad(p, _upcast(d_out), axis).astype(x.dtype, copy=False)}  # shape of x
-
-
-def _masked_softmax(x, mask, axis):
-    valid = x != -np.inf
-    if mask is not None:
-        valid = valid & mask
-    # Row max over the valid entries only; an empty row's max is set to 0 so
-    # that no ``-inf - (-inf)`` is ever computed.
-    # (``initial``: a row of Lk = 0 keys has no max either.)
-    m = np.max(np.where(valid, x, -np.inf), axis=axis, keepdims=True, initial=-np.inf)
-    m = np.where(m == -np.inf, 0.0, m)
-    # A poisoned row (+inf or NaN in x, SPEC's poison cases) is NaN by design:
-    # ``inf - inf`` propagates it without a RuntimeWarning to the user.
-    with np.errstate(invalid="ignore"):
-        e = np.where(valid, np.exp(np.where(valid, x, m) - m), 0.0)
-    s = np.sum(e, axis=axis, keepdims=True)
-    return e / np.where(s == 0, 1.0, s)  # an empty row: 0 / 1 = 0; a NaN sum stays NaN
+    p = masked_softmax(upcast(x), mask, axis)  # shape of x
+    return {"x": _softmax_grad(p, upcast(d_out), axis).astype(x.dtype, copy=False)}  # shape of x
 
 
 def _softmax_grad(p, dp, axis=-1):
@@ -155,14 +155,14 @@ def scaled_dot_product_attention(
       the softmax *before* dropout; a fully masked row gives 0 in both.
     """
     G = rules.sdpa(q, k, v, mask, bias, scale, dropout_p, dropout_mask, softcap)  # SPEC 3.6; G = H / Hkv
-    scale = _scale(q, scale)
-    k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
-    read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
-    k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
+    scale = attention_scale(q, scale)
+    k, v = repeat_kv(k, G), repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
+    read = read_keys(mask, bias)  # (*batch, Lk, 1) or None
+    k, v = unread_to_zero(k, read), unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
     p, _ = _attention_probs(q, k, mask, bias, scale, softcap)  # (*batch, Lq, Lk)
     weights = p.astype(q.dtype, copy=False)  # (*batch, Lq, Lk)
-    keep = _keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
-    dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
+    keep = keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
+    dropped = apply_dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
     return _matmul(dropped, v), weights  # (*batch, Lq, Dv), (*batch, Lq, Lk)
 
 
@@ -207,13 +207,13 @@ def scaled_dot_product_attention_backward(
         ((*batch, "Lq", "Dv"), (*q.shape[:-1], v.shape[-1])),
         ((*batch, "Lq", "Lk"), scores_shape),
     )
-    scale = _scale(q, scale)
-    k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
-    read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
-    k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
+    scale = attention_scale(q, scale)
+    k, v = repeat_kv(k, G), repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
+    read = read_keys(mask, bias)  # (*batch, Lk, 1) or None
+    k, v = unread_to_zero(k, read), unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
     p, t = _attention_probs(q, k, mask, bias, scale, softcap)  # (*batch, Lq, Lk), float32 for half inputs
-    keep = _keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
-    dropped = _dropout(p.astype(q.dtype, copy=False), keep, dropout_p)  # (*batch, Lq, Lk)
+    keep = keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
+    dropped = apply_dropout(p.astype(q.dtype, copy=False), keep, dropout_p)  # (*batch, Lq, Lk)
     return _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read,
                             t, G)
 
@@ -225,14 +225,14 @@ def _attention_probs(q, k, mask, bias, scale, softcap=None):
     without a cap)."""
     # inf · 0 and inf - inf on poisoned inputs are NaN by design (no warning)
     with np.errstate(invalid="ignore"):
-        scores = _upcast(q) @ np.swapaxes(_upcast(k), -1, -2) * scale  # (*batch, Lq, Lk)
+        scores = upcast(q) @ np.swapaxes(upcast(k), -1, -2) * scale  # (*batch, Lq, Lk)
         t = None
         if softcap is not None:
             t = np.tanh(scores / float(softcap))  # (*batch, Lq, Lk)
             scores = float(softcap) * t  # (*batch, Lq, Lk), in (-cap, cap)
         if bias is not None:
-            scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
-    return _masked_softmax(scores, mask, -1), t  # (*batch, Lq, Lk)
+            scores = scores + upcast(bias)  # (*batch, Lq, Lk)
+    return masked_softmax(scores, mask, -1), t  # (*batch, Lq, Lk)
 
 
 def _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read,
@@ -240,40 +240,24 @@ def _attention_grads(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep,
     """The chain rule of :func:`scaled_dot_product_attention_backward`, given the
     forward's ``p`` (unrounded), keep-mask, ``dropped = dropout(p)``, ``k``,
     ``v`` repeated to the query heads with their unread rows (``read``, as
-    :func:`_read_keys`) at 0, the soft-cap's ``t`` (or None) and the group
+    :func:`read_keys`) at 0, the soft-cap's ``t`` (or None) and the group
     size ``G``; ``dk``, ``dv`` come back with ``H / G`` heads."""
     dv = _matmul(np.swapaxes(dropped, -1, -2), d_out)  # (*batch, Lk, Dv)
     d_dropped = _matmul(d_out, np.swapaxes(v, -1, -2))  # (*batch, Lq, Lk)
-    dp = _dropout(d_dropped, keep, dropout_p)  # (*batch, Lq, Lk)
+    dp = apply_dropout(d_dropped, keep, dropout_p)  # (*batch, Lq, Lk)
     if d_weights is not None:
         dp = dp + d_weights  # (*batch, Lq, Lk)
-    ds = _softmax_grad(p, _upcast(dp))  # (*batch, Lq, Lk): the gradient of s = cap · t + bias
+    ds = _softmax_grad(p, upcast(dp))  # (*batch, Lq, Lk): the gradient of s = cap · t + bias
     ds_raw = ds if t is None else ds * (1.0 - t * t)  # (*batch, Lq, Lk): of q kᵀ * scale
-    dq = ds_raw @ _upcast(k) * scale  # (*batch, Lq, Dk)
-    dk = np.swapaxes(ds_raw, -1, -2) @ _upcast(q) * scale  # (*batch, Lk, Dk)
+    dq = ds_raw @ upcast(k) * scale  # (*batch, Lq, Dk)
+    dk = np.swapaxes(ds_raw, -1, -2) @ upcast(q) * scale  # (*batch, Lk, Dk)
     # k = where(read, k_in, 0): an unread row passes gradient 0 back
-    dk, dv = _unread_to_zero(dk, read), _unread_to_zero(dv, read)  # (*batch, Lk, Dk|Dv)
+    dk, dv = unread_to_zero(dk, read), unread_to_zero(dv, read)  # (*batch, Lk, Dk|Dv)
     # k_in = repeat_interleave(k, G, heads): a kv head gets its G query heads' sum
-    grads = {"q": dq, "k": _group_sum(dk, G), "v": _group_sum(_upcast(dv), G)}
+    grads = {"q": dq, "k": _group_sum(dk, G), "v": _group_sum(upcast(dv), G)}
     if bias is not None:
         grads["bias"] = _sum_to_shape(ds, bias.shape)  # bias.shape
     return {name: g.astype(q.dtype, copy=False) for name, g in grads.items()}
-
-
-def _repeat_kv(x, G):
-    """Grouped-query attention's ``k``/``v`` ``(B, Hkv, Lk, D)`` repeated to
-    the query heads, ``(B, H, Lk, D)`` with head ``h`` = ``x[:, h // G]``
-    (``repeat_interleave``); ``x`` itself for ``G = 1``."""
-    return x if G == 1 else np.repeat(x, G, axis=1)
-
-
-def _group_sum(g, G):
-    """The transpose of :func:`_repeat_kv`: ``(B, H, Lk, D) -> (B, H / G, Lk, D)``,
-    the sum over each group of ``G`` consecutive heads."""
-    if G == 1:
-        return g
-    B, H = g.shape[:2]
-    return g.reshape(B, H // G, G, *g.shape[2:]).sum(axis=2)  # (B, Hkv, Lk, D)
 
 
 # --------------------------------------------------------------------------
@@ -300,10 +284,10 @@ def additive_attention(query, keys, params, mask=None):
       ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
     """
     mask = rules.additive(query, keys, params, mask)  # SPEC 3.7; a (B, 1, 1, Lk) mask loses its head axis
-    keys = _unread_to_zero(keys, _read_keys(mask, None))  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
+    keys = unread_to_zero(keys, read_keys(mask, None))  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
     e = _matmul(t, params["v"])  # (B, Lq, Lk)
-    weights = _masked_softmax(_upcast(e), mask, -1).astype(e.dtype, copy=False)  # (B, Lq, Lk)
+    weights = masked_softmax(upcast(e), mask, -1).astype(e.dtype, copy=False)  # (B, Lq, Lk)
     return _matmul(weights, keys), weights  # (B, Lq, Dk), (B, Lq, Lk)
 
 
@@ -334,23 +318,23 @@ def additive_attention_backward(d_out, query, keys, params, mask=None):
     d_ctx, d_weights = rules.cotangents(  # query's dtype, context's and weights' shapes
         d_out, query, "query", (("B", "Lq", "Dk"), (B, Lq, Dk)), (("B", "Lq", "Lk"), (B, Lq, Lk))
     )
-    read = _read_keys(mask, None)  # (B, Lk, 1) or None
-    keys = _unread_to_zero(keys, read)  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
+    read = read_keys(mask, None)  # (B, Lk, 1) or None
+    keys = unread_to_zero(keys, read)  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
-    p32 = _masked_softmax(_upcast(_matmul(t, params["v"])), mask, -1)  # (B, Lq, Lk), float32 for half
+    p32 = masked_softmax(upcast(_matmul(t, params["v"])), mask, -1)  # (B, Lq, Lk), float32 for half
     p = p32.astype(query.dtype, copy=False)  # (B, Lq, Lk)
 
     dp = _matmul(d_ctx, np.swapaxes(keys, -1, -2))  # (B, Lq, Lk)
     if d_weights is not None:
         dp = dp + d_weights  # (B, Lq, Lk)
-    de = _softmax_grad(p32, _upcast(dp)).astype(query.dtype, copy=False)  # (B, Lq, Lk)
+    de = _softmax_grad(p32, upcast(dp)).astype(query.dtype, copy=False)  # (B, Lq, Lk)
     dv = _matmul(de.reshape(1, -1), t.reshape(-1, t.shape[-1]))[0]  # (A,) = sum_bqk de t
     dt = de[..., None] * params["v"]  # (B, Lq, Lk, A)
-    dh = (_upcast(dt) * (1.0 - _upcast(t) ** 2)).astype(t.dtype, copy=False)  # (B, Lq, Lk, A), rounded once
+    dh = (upcast(dt) * (1.0 - upcast(t) ** 2)).astype(t.dtype, copy=False)  # (B, Lq, Lk, A), rounded once
     g_2 = linear_backward(_sum(dh, 2), query, params["w_2"])  # x (B, Lq, Dq), w (Dq, A)
     g_1 = linear_backward(_sum(dh, 1), keys, params["w_1"])  # x (B, Lk, Dk), w (Dk, A)
     d_keys = _matmul(np.swapaxes(p, -1, -2), d_ctx) + g_1["x"]  # (B, Lk, Dk)
-    d_keys = _unread_to_zero(d_keys, read)  # keys = where(read, keys_in, 0)
+    d_keys = unread_to_zero(d_keys, read)  # keys = where(read, keys_in, 0)
     return {"query": g_2["x"], "keys": d_keys, "params": {"w_1": g_1["w"], "w_2": g_2["w"], "v": dv}}
 
 
@@ -406,8 +390,8 @@ def multi_head_attention(
     Hkv = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
                     num_kv_heads, rope, rope_base, softcap)  # SPEC 3.8
     # SPEC 3.4a: a position no query of any head may attend is never read
-    read = _read_positions(_read_keys(mask, bias))  # (B|1, Lk, 1) or None
-    key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
+    read = read_positions(read_keys(mask, bias))  # (B|1, Lk, 1) or None
+    key, value = unread_to_zero(key, read), unread_to_zero(value, read)  # (B, Lk, D)
     # 1) project, 2) split heads, rotate
     qh, kh, vh = _project_heads(query, key, value, params, num_heads, Hkv)  # (B, H|Hkv, Lq|Lk, Dh)
     qh, kh = _rope_heads(qh, kh, rope, rope_base)  # (B, H, Lq, Dh), (B, Hkv, Lk, Dh)
@@ -416,7 +400,7 @@ def multi_head_attention(
         qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng, softcap=softcap
     )  # (B, H, Lq, Dh), (B, H, Lq, Lk)
     # 4) concat
-    concat = _merge_heads(heads)  # (B, Lq, D)
+    concat = merge_heads(heads)  # (B, Lq, D)
     # 5) output projection
     return _matmul(concat, params["w_o"]) + params["b_o"], weights  # (B, Lq, D), (B, H, Lq, Lk)
 
@@ -461,37 +445,37 @@ def multi_head_attention_backward(
         (("B", "Lq", "D"), (B, Lq, D)), (("B", "H", "Lq", "Lk"), (B, num_heads, Lq, Lk)),
     )
     # the forward once, keeping what the backward reads
-    read_h = _read_keys(mask, bias)  # (B|1, H|1, Lk, 1) or None, per head
-    read = _read_positions(read_h)  # (B|1, Lk, 1) or None, any head
-    key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
+    read_h = read_keys(mask, bias)  # (B|1, H|1, Lk, 1) or None, per head
+    read = read_positions(read_h)  # (B|1, Lk, 1) or None, any head
+    key, value = unread_to_zero(key, read), unread_to_zero(value, read)  # (B, Lk, D)
     qh, kh, vh = _project_heads(query, key, value, params, num_heads, Hkv)  # (B, H|Hkv, Lq|Lk, Dh)
     qh, kh = _rope_heads(qh, kh, rope, rope_base)  # (B, H, Lq, Dh), (B, Hkv, Lk, Dh)
     G = num_heads // Hkv
-    kh, vh = _repeat_kv(kh, G), _repeat_kv(vh, G)  # (B, H, Lk, Dh): query head h reads kv head h // G
-    kh, vh = _unread_to_zero(kh, read_h), _unread_to_zero(vh, read_h)  # (B, H, Lk, Dh)
-    scale = _scale(qh, None)
+    kh, vh = repeat_kv(kh, G), repeat_kv(vh, G)  # (B, H, Lk, Dh): query head h reads kv head h // G
+    kh, vh = unread_to_zero(kh, read_h), unread_to_zero(vh, read_h)  # (B, H, Lk, Dh)
+    scale = attention_scale(qh, None)
     p, t = _attention_probs(qh, kh, mask, bias, scale, softcap)  # (B, H, Lq, Lk), float32 for half
-    keep = _keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
-    dropped = _dropout(p.astype(query.dtype, copy=False), keep, dropout_p)  # (B, H, Lq, Lk)
-    concat = _merge_heads(_matmul(dropped, vh))  # (B, Lq, D)
+    keep = keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
+    dropped = apply_dropout(p.astype(query.dtype, copy=False), keep, dropout_p)  # (B, H, Lq, Lk)
+    concat = merge_heads(_matmul(dropped, vh))  # (B, Lq, D)
 
     # 5) output projection
     g_o = linear_backward(d_out, concat, params["w_o"], params["b_o"])  # x (B, Lq, D)
     # 4) concat
-    d_heads = _split_heads(g_o["x"], num_heads)  # (B, H, Lq, Dh)
+    d_heads = split_heads(g_o["x"], num_heads)  # (B, H, Lq, Dh)
     # 3) attend
     g = _attention_grads(
         d_heads, d_weights, qh, kh, vh, bias, scale, dropout_p, p, keep, dropped, read_h, t, G
     )  # q: (B, H, Lq, Dh), k/v: (B, Hkv, Lk, Dh), summed over each query group
     # 2) split heads, rotate: the rotation by -angle
     dqh, dkh = _rope_heads(g["q"], g["k"], rope, rope_base, sign=-1.0)  # (B, H|Hkv, Lq|Lk, Dh)
-    dq, dk, dv = (_merge_heads(x) for x in (dqh, dkh, g["v"]))  # (B, Lq, D), (B, Lk, Hkv·Dh) x2
+    dq, dk, dv = (merge_heads(x) for x in (dqh, dkh, g["v"]))  # (B, Lq, D), (B, Lk, Hkv·Dh) x2
     # 1) project
     g_q = linear_backward(dq, query, params["w_q"], params["b_q"])  # x (B, Lq, D)
     g_k = linear_backward(dk, key, params["w_k"], params["b_k"])  # x (B, Lk, D), w (D, Hkv·Dh)
     g_v = linear_backward(dv, value, params["w_v"], params["b_v"])  # x (B, Lk, D), w (D, Hkv·Dh)
     # key = where(read, key_in, 0): an unread position passes gradient 0 back
-    d_key, d_value = _unread_to_zero(g_k["x"], read), _unread_to_zero(g_v["x"], read)  # (B, Lk, D)
+    d_key, d_value = unread_to_zero(g_k["x"], read), unread_to_zero(g_v["x"], read)  # (B, Lk, D)
     grads = {
         "query": g_q["x"], "key": d_key, "value": d_value,
         "params": {
@@ -511,7 +495,7 @@ def _project_heads(query, key, value, params, num_heads, num_kv_heads=None):
     k = _matmul(key, params["w_k"]) + params["b_k"]  # (B, Lk, Hkv·Dh)
     v = _matmul(value, params["w_v"]) + params["b_v"]  # (B, Lk, Hkv·Dh)
     # 2) split heads
-    return _split_heads(q, num_heads), _split_heads(k, Hkv), _split_heads(v, Hkv)  # (B, H|Hkv, L, Dh)
+    return split_heads(q, num_heads), split_heads(k, Hkv), split_heads(v, Hkv)  # (B, H|Hkv, L, Dh)
 
 
 def _rope_heads(qh, kh, rope, base, positions=None, sign=1.0):
@@ -519,18 +503,8 @@ def _rope_heads(qh, kh, rope, base, positions=None, sign=1.0):
     ``arange(L)`` of each); ``sign=-1`` is its backward; no-op for ``rope`` None."""
     if rope is None:
         return qh, kh
-    return (_rotary(qh, positions, base, rope, sign),
-            _rotary(kh, positions, base, rope, sign))  # (B, H, Lq, Dh), (B, Hkv, Lk, Dh)
-
-
-def _split_heads(x, num_heads):
-    B, L, D = x.shape
-    return x.reshape(B, L, num_heads, D // num_heads).swapaxes(1, 2)  # (B, H, L, Dh)
-
-
-def _merge_heads(x):
-    B, H, L, Dh = x.shape
-    return x.swapaxes(1, 2).reshape(B, L, H * Dh)  # (B, L, D)
+    return (rotary(qh, positions, base, rope, sign),
+            rotary(kh, positions, base, rope, sign))  # (B, H, Lq, Dh), (B, Hkv, Lk, Dh)
 
 
 # --------------------------------------------------------------------------
@@ -578,55 +552,6 @@ def init_additive_attention(rng, d_query, d_key, d_attn, dtype=np.float64):
 def _xavier_uniform(rng, fan_in, fan_out, dtype):
     bound = math.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-bound, bound, size=(fan_in, fan_out)).astype(dtype)
-
-
-# --------------------------------------------------------------------------
-# shared pieces: unread keys, scale, bias reduction
-# --------------------------------------------------------------------------
-
-
-def _read_keys(mask, bias):
-    """Which keys some query may attend, as rows: ``read[..., j, 0] =
-    any_i(mask[..., i, j] & (bias[..., i, j] != -inf))``, shape ``(..., Lk, 1)``
-    (broadcastable to ``k``), or None when neither is given (every key is read).
-
-    Decided by ``mask`` and ``bias`` alone, never by the scores: whether a key
-    is read must not depend on the key (SPEC 3.4a).
-    """
-    if mask is None and bias is None:
-        return None
-    valid = mask
-    if bias is not None:
-        finite = bias != -np.inf  # a -inf score counts as masked (SPEC 3.3)
-        valid = finite if valid is None else valid & finite
-    return np.swapaxes(np.any(np.atleast_2d(valid), axis=-2, keepdims=True), -1, -2)  # (..., Lk, 1)
-
-
-def _read_positions(read):
-    """:func:`_read_keys` of a ``(B, H, Lq, Lk)`` mask reduced over the heads:
-    the key/value *input* positions some head reads, ``(B|1, Lk, 1)``, or None."""
-    if read is None:
-        return None
-    read = read.reshape((1,) * (4 - read.ndim) + read.shape)  # (B|1, H|1, Lk, 1)
-    return np.any(read, axis=1)  # (B|1, Lk, 1)
-
-
-def _unread_to_zero(x, read):
-    """``where(read, x, 0)``: the rows of unread keys set to 0 (by selection,
-    so a NaN or inf there is gone); ``x`` itself when ``read`` is None."""
-    return x if read is None else np.where(read, x, x.dtype.type(0))  # bfloat16 stays bfloat16
-
-
-def _scale(q, scale):
-    # A Python float keeps float32 inputs float32 (a numpy float64 would promote).
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-
-
-def _sum_to_shape(g, shape):
-    """Sum ``g`` over the axes that broadcasting added or stretched."""
-    g = g.sum(axis=tuple(range(g.ndim - len(shape))))
-    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
-    return g.sum(axis=stretched, keepdims=True)
 
 
 # --------------------------------------------------------------------------

@@ -74,9 +74,7 @@ import numpy as np
 
 from ._checks import rules
 from ._contract import blocks as _blocks
-from .attention import _group_sum, _repeat_kv, _scale, _sum_to_shape
-from .layers import _upcast
-from .variants import _distance
+from ._ops import _distance, _group_sum, _sum_to_shape, attention_scale, repeat_kv, upcast
 
 __all__ = ["blockwise_attention", "blockwise_attention_backward", "block_schedule"]
 
@@ -145,8 +143,9 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *,
     block_q, block_k, window, G = rules.blockwise(  # SPEC 3.22: sdpa's arrays, block sizes, window
         q, k, v, mask, bias, scale, block_q, block_k, causal, window, align, softcap, alibi_slopes)
     sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
-    k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
-    out, lse, _ = _forward(q, k, v, mask, bias, _Scores(_scale(q, scale), softcap, alibi_slopes), sched)
+    k, v = repeat_kv(k, G), repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
+    score = _Scores(attention_scale(q, scale), softcap, alibi_slopes)
+    out, lse, _ = _forward(q, k, v, mask, bias, score, sched)
     return out.astype(q.dtype, copy=False), lse  # rounded once
 
 
@@ -197,13 +196,13 @@ def blockwise_attention_backward(d_out, q, k, v, mask=None, bias=None, scale=Non
         q, k, v, mask, bias, scale, block_q, block_k, causal, window, align, softcap, alibi_slopes)
     d_out, d_lse = rules.blockwise_cotangents(d_out, q, v, out, lse)  # (*batch, Lq, Dv), (*batch, Lq)
     sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
-    score = _Scores(_scale(q, scale), softcap, alibi_slopes)
-    k, v = _repeat_kv(k, G), _repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
+    score = _Scores(attention_scale(q, scale), softcap, alibi_slopes)
+    k, v = repeat_kv(k, G), repeat_kv(v, G)  # (*batch, Lk, Dk|Dv): query head h reads kv head h // G
     if out is None or lse is None:
         out, _, stats = _forward(q, k, v, mask, bias, score, sched)  # stats = (m, log l), unrounded
     else:
-        stats = _given_lse(_upcast(lse))  # only the rounded lse is known (see Precision)
-    grads = _backward(d_out, d_lse, q, k, v, mask, bias, score, sched, _upcast(out), stats)
+        stats = _given_lse(upcast(lse))  # only the rounded lse is known (see Precision)
+    grads = _backward(d_out, d_lse, q, k, v, mask, bias, score, sched, upcast(out), stats)
     grads["k"], grads["v"] = _group_sum(grads["k"], G), _group_sum(grads["v"], G)  # (B, Hkv, Lk, Dk|Dv)
     return {name: g.astype(q.dtype, copy=False) for name, g in grads.items()}
 
@@ -225,7 +224,7 @@ def _forward(q, k, v, mask, bias, score, sched):
     compute dtype, ``(m, log l)`` the row max and log-sum with ``lse = m + log l``
     (both ``-inf`` for a row with no valid score), kept apart for the backward;
     ``k``, ``v`` already repeated to the query heads."""
-    q, k, v = _upcast(q), _upcast(k), _upcast(v)  # float32 for half inputs
+    q, k, v = upcast(q), upcast(k), upcast(v)  # float32 for half inputs
     batch = q.shape[:-2]
     out = np.zeros((*batch, sched.Lq, v.shape[-1]), dtype=v.dtype)  # (*batch, Lq, Dv)
     lse = np.full((*batch, sched.Lq), -np.inf, dtype=q.dtype)  # (*batch, Lq)
@@ -273,11 +272,11 @@ def _backward(d_out, d_lse, q, k, v, mask, bias, score, sched, out, stats):
     """FlashAttention-2's backward over ``sched``'s blocks, from ``out`` and
     ``stats = (m, log l)`` (``lse = m + log l``, :func:`_forward`); ``k``, ``v``
     repeated to the query heads, and so are ``dk``, ``dv``."""
-    q, k, v = _upcast(q), _upcast(k), _upcast(v)  # float32 for half inputs
-    d_out = np.zeros_like(out) if d_out is None else _upcast(d_out)  # (*batch, Lq, Dv)
+    q, k, v = upcast(q), upcast(k), upcast(v)  # float32 for half inputs
+    d_out = np.zeros_like(out) if d_out is None else upcast(d_out)  # (*batch, Lq, Dv)
     D = np.sum(d_out * out, axis=-1)  # (*batch, Lq): rowsum(dO ∘ O) = rowsum(P ∘ dP)
     if d_lse is not None:
-        D = D - _upcast(d_lse)  # ∂lse/∂s = P: the lse cotangent joins the softmax's row term
+        D = D - upcast(d_lse)  # ∂lse/∂s = P: the lse cotangent joins the softmax's row term
     m, log_l = stats  # (*batch, Lq) each
     empty = m == -np.inf  # an empty row: P is 0 there anyway
     m, log_l = np.where(empty, 0, m), np.where(empty, 0, log_l)
@@ -335,7 +334,7 @@ def _scores(q, k, v, mask, bias, score, sched, q0, q1, k0, k1):
         allowed = _and(allowed, _structure(sched, q0, q1, k0, k1))
     bias_b = None
     if bias is not None:
-        bias_b = _upcast(_block(_full_rank(bias, q.ndim), q0, q1, k0, k1))
+        bias_b = upcast(_block(_full_rank(bias, q.ndim), q0, q1, k0, k1))
         allowed = _and(allowed, bias_b != -np.inf)
     k_b, v_b = k[..., k0:k1, :], v[..., k0:k1, :]  # (*batch, bk, Dk), (*batch, bk, Dv)
     read = None
@@ -348,7 +347,7 @@ def _scores(q, k, v, mask, bias, score, sched, q0, q1, k0, k1):
         t = np.tanh(s / float(score.softcap))  # (*batch, bq, bk)
         s = float(score.softcap) * t  # (*batch, bq, bk), in (-cap, cap)
     if score.slopes is not None:
-        slopes = _full_rank(_upcast(score.slopes), 2)[..., None, None]  # (B|1, H, 1, 1)
+        slopes = _full_rank(upcast(score.slopes), 2)[..., None, None]  # (B|1, H, 1, 1)
         s = s - slopes * _alibi_distance(sched, q0, q1, k0, k1, s.dtype)  # (B, H, bq, bk)
     if bias_b is not None:
         s = s + bias_b

@@ -43,17 +43,16 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import float_dtype, rules
-from ._contract.checks import DECODER_DROPOUT_SITES
+from ._contract.tables import DECODER_DROPOUT_SITES
+from ._ops import _matmul, merge_heads, split_heads
 from .attention import (
-    _merge_heads,
     _project_heads,
     _rope_heads,
-    _split_heads,
     multi_head_attention_backward,
     scaled_dot_product_attention,
 )
 from .decoder import _DecoderSublayers, decoder_backward
-from .layers import _matmul, layer_norm
+from .layers import layer_norm
 from .masks import causal_mask
 
 __all__ = [
@@ -168,7 +167,7 @@ def _attend(q, k, v, mask, params, softcap=None):
     ``concat(softmax(q kᵀ / sqrt(Dh), mask) v) w_o + b_o`` (grouped-query
     when ``k``, ``v`` have fewer heads than ``q``; scores soft-capped with ``softcap``)."""
     heads, _ = scaled_dot_product_attention(q, k, v, mask, softcap=softcap)  # (B, H, T, Dh)
-    return _matmul(_merge_heads(heads), params["w_o"]) + params["b_o"]  # (B, T, D)
+    return _matmul(merge_heads(heads), params["w_o"]) + params["b_o"]  # (B, T, D)
 
 
 def self_attention_incremental(x, params, num_heads, *, chunks, num_kv_heads=None, rope=None,
@@ -273,8 +272,8 @@ def init_decoder_layer_cache(memory, params, num_heads, capacity):
 def _init_layer_cache(memory, params, num_heads, capacity):
     B, _, D = memory.shape
     cross = params["cross_attn"]
-    k = _split_heads(_matmul(memory, cross["w_k"]) + cross["b_k"], num_heads)  # (B, H, S, Dh)
-    v = _split_heads(_matmul(memory, cross["w_v"]) + cross["b_v"], num_heads)  # (B, H, S, Dh)
+    k = split_heads(_matmul(memory, cross["w_k"]) + cross["b_k"], num_heads)  # (B, H, S, Dh)
+    v = split_heads(_matmul(memory, cross["w_v"]) + cross["b_v"], num_heads)  # (B, H, S, Dh)
     return {"self_attn": _empty_cache(B, num_heads, capacity, D, memory.dtype),
             "cross_attn": {"k": k, "v": v}}
 
@@ -350,7 +349,7 @@ class _CachedSublayers(_DecoderSublayers):
     def cross_attn_cached(self, z):
         """``z (B, T, D)`` queries the memory through its cached keys and values."""
         params, kv = self.params["cross_attn"], self.cache["cross_attn"]
-        q = _split_heads(_matmul(z, params["w_q"]) + params["b_q"], self.num_heads)  # (B, H, T, Dh)
+        q = split_heads(_matmul(z, params["w_q"]) + params["b_q"], self.num_heads)  # (B, H, T, Dh)
         return _attend(q, kv["k"], kv["v"], self.memory_mask, params)  # (B, T, D)
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import _generator, rules
-from ._contract.checks import DECODER_DROPOUT_SITES, DECODER_LAYER_KEYS  # noqa: F401  (the tables)
+from ._contract.tables import DECODER_DROPOUT_SITES, DECODER_LAYER_KEYS  # noqa: F401  (the tables)
 from .attention import (
     init_multi_head_attention,
     multi_head_attention,

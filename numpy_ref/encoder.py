@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import _generator, float_dtype, rules
-from ._contract.checks import DROPOUT_SITES, LAYER_KEYS  # noqa: F401  (the tables, named here too)
+from ._contract.tables import DROPOUT_SITES, LAYER_KEYS  # noqa: F401  (the tables, named here too)
 from .attention import (
     init_multi_head_attention,
     multi_head_attention,

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from ._checks import HALF_DTYPES, _generator, float_dtype, rules
+from ._ops import _matmul, _sum, apply_dropout, keep_mask, upcast
 
 __all__ = [
     "linear",
@@ -61,7 +62,7 @@ def layer_norm(x, params, eps=1e-5):
     """
     rules.layer_norm(x, params, eps)  # SPEC 3.10: x (..., D), gamma/beta (D,), eps > 0
     x_hat, _ = _normalize(x, eps)  # (..., D), float32 for half inputs
-    out = _upcast(params["gamma"]) * x_hat + _upcast(params["beta"])  # (..., D)
+    out = upcast(params["gamma"]) * x_hat + upcast(params["beta"])  # (..., D)
     return out.astype(x.dtype, copy=False)  # rounded once
 
 
@@ -85,8 +86,8 @@ def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None,
     """
     rules.feed_forward(x, params, activation, dropout_p, dropout_mask)  # SPEC 3.11, the hidden keep-mask
     hidden = _ACT[activation](linear(x, params["w_1"], params["b_1"]))  # (..., F)
-    keep = _keep_mask(dropout_p, dropout_mask, rng, hidden)  # (..., F) or None
-    hidden = _dropout(hidden, keep, dropout_p)  # (..., F)
+    keep = keep_mask(dropout_p, dropout_mask, rng, hidden)  # (..., F) or None
+    hidden = apply_dropout(hidden, keep, dropout_p)  # (..., F)
     return linear(hidden, params["w_2"], params["b_2"])  # (..., D)
 
 
@@ -107,7 +108,7 @@ def dropout(x, p, mask=None, rng=None):
       array of ``x``'s shape and dtype.
     """
     rules.dropout(x, p, mask)  # SPEC 3.12: float x, p in [0, 1), keep-mask of x's shape
-    return _dropout(x, _keep_mask(p, mask, rng, x), p)
+    return apply_dropout(x, keep_mask(p, mask, rng, x), p)
 
 
 def init_layer_norm(d_model, dtype=np.float64):
@@ -143,70 +144,15 @@ def init_feed_forward(rng, d_model, d_ff, dtype=np.float64):
 # helpers
 
 
-def _upcast(x):
-    """float16/bfloat16 -> float32, other dtypes unchanged: the half-precision recipe.
-
-    Softmax and layer norm upcast their inputs once, compute in float32 and
-    round the result back once (``.astype(x.dtype)``), as the mirrors do.
-    """
-    return x.astype(np.float32) if x.dtype in HALF_DTYPES else x
-
-
-def _matmul(a, b):
-    """``a @ b`` in the inputs' dtype.
-
-    Half inputs accumulate in float32 and are rounded once, as torch's and
-    XLA's matmuls do; ml_dtypes' ``bfloat16 @ bfloat16`` returns the float32
-    accumulator, which is rounded back here.
-    """
-    with np.errstate(invalid="ignore"):  # inf · 0 on poisoned inputs: NaN by design
-        out = a @ b
-    dtype = a.dtype if a.dtype == b.dtype else np.result_type(a, b)
-    return out if out.dtype == dtype else out.astype(dtype)
-
-
-def _sum(a, axis, keepdims=False):
-    """``a.sum(axis)``; half inputs accumulate in float32 and are rounded once
-    (as the mirrors' reductions do; numpy would add bfloat16 in bfloat16)."""
-    if a.dtype in HALF_DTYPES:
-        return a.sum(axis=axis, keepdims=keepdims, dtype=np.float32).astype(a.dtype)
-    return a.sum(axis=axis, keepdims=keepdims)
-
-
 def _normalize(x, eps):
     """``x_hat = (x - mean) / sqrt(var + eps)`` and ``1 / sqrt(var + eps)``.
 
     In float32 for half ``x``; the caller rounds its result once.
     """
-    x = _upcast(x)
+    x = upcast(x)
     centered = x - x.mean(axis=-1, keepdims=True)  # (..., D)
     inv_std = 1.0 / np.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
     return centered * inv_std, inv_std
-
-
-def _keep_mask(p, mask, rng, x):
-    """The bool keep-mask of ``x``'s entries: ``mask``, or drawn from ``rng``;
-    None when ``p == 0`` (dropout off). The caller checked ``p`` and ``mask``."""
-    if float(p) == 0.0:
-        return None
-    if mask is not None:
-        return mask
-    return _generator(rng).random(x.shape) >= float(p)
-
-
-def _dropout(x, keep, p):
-    """Inverted dropout ``where(keep, x / (1 - p), 0)``; ``keep`` None is the identity.
-
-    By selection: a dropped entry is exactly 0, even where ``x`` is inf or NaN.
-    Linear in ``x``, so also its own backward.
-    """
-    if keep is None:
-        return x
-    # half x: divided in float32 by the exact float 1 - p and rounded once, as torch's
-    # opmath does; never half / python float, whose result (and whether 1 - p is first
-    # rounded to the half dtype) depends on numpy's and ml_dtypes' scalar promotion rules
-    scaled = (_upcast(x) / (1.0 - float(p))).astype(x.dtype, copy=False)
-    return np.where(keep, scaled, x.dtype.type(0))
 
 
 # --------------------------------------------------------------------------
@@ -271,13 +217,13 @@ def _relu_grad(x):
 def _gelu(x):
     """``gelu(x) = x Φ(x)``, the exact erf form; half inputs in float32, rounded once
     (as ``F.gelu``)."""
-    x32 = _upcast(x)
+    x32 = upcast(x)
     return (x32 * _normal_cdf(x32)).astype(x.dtype, copy=False)
 
 
 def _gelu_grad(x):
     """``gelu'(x) = Φ(x) + x φ(x)``; half inputs in float32, rounded once."""
-    x32 = _upcast(x)
+    x32 = upcast(x)
     return (_normal_cdf(x32) + x32 * _normal_pdf(x32)).astype(x.dtype, copy=False)
 
 
@@ -329,8 +275,8 @@ def layer_norm_backward(d_out, x, params, eps=1e-5):
     rules.layer_norm(x, params, eps)  # SPEC 3.10
     rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
     x_hat, inv_std = _normalize(x, eps)  # (..., D), (..., 1); float32 for half inputs
-    d_out = _upcast(d_out)  # (..., D)
-    g = d_out * _upcast(params["gamma"])  # (..., D)
+    d_out = upcast(d_out)  # (..., D)
+    g = d_out * upcast(params["gamma"])  # (..., D)
     dx = inv_std * (
         g - g.mean(axis=-1, keepdims=True) - x_hat * (g * x_hat).mean(axis=-1, keepdims=True)
     )  # (..., D)
@@ -359,11 +305,11 @@ def feed_forward_backward(d_out, x, params, activation="relu", dropout_p=0.0, dr
     rules.require_mask(dropout_p, dropout_mask, "dropout_p", "dropout_mask")  # the forward's keep-mask
     # forward again
     pre = linear(x, params["w_1"], params["b_1"])  # (..., F)
-    keep = _keep_mask(dropout_p, dropout_mask, None, pre)  # (..., F) or None
-    dropped = _dropout(_ACT[activation](pre), keep, dropout_p)  # (..., F)
+    keep = keep_mask(dropout_p, dropout_mask, None, pre)  # (..., F) or None
+    dropped = apply_dropout(_ACT[activation](pre), keep, dropout_p)  # (..., F)
     # 3) output projection, 2) dropout, 1) activation and input projection
     g_2 = linear_backward(d_out, dropped, params["w_2"], params["b_2"])
-    d_pre = _dropout(g_2["x"], keep, dropout_p) * _ACT_GRAD[activation](pre)  # (..., F)
+    d_pre = apply_dropout(g_2["x"], keep, dropout_p) * _ACT_GRAD[activation](pre)  # (..., F)
     g_1 = linear_backward(d_pre, x, params["w_1"], params["b_1"])
     return {
         "x": g_1["x"],
@@ -382,6 +328,6 @@ def dropout_backward(d_out, x, p, mask=None, rng=None):
     rules.dropout(x, p, mask)  # SPEC 3.12
     rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
     rules.require_mask(p, mask, "p", "mask")  # the forward's keep-mask
-    keep = _keep_mask(p, mask, None, x)  # the forward's, or None when p == 0
-    return {"x": np.array(_dropout(d_out, keep, p))}  # a fresh array, never d_out itself
+    keep = keep_mask(p, mask, None, x)  # the forward's, or None when p == 0
+    return {"x": np.array(apply_dropout(d_out, keep, p))}  # a fresh array, never d_out itself
 

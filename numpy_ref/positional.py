@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import _generator, float_dtype, rules
-from .layers import _sum
+from ._ops import _sum
 
 __all__ = [
     "sinusoidal_encoding",

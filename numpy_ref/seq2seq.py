@@ -50,8 +50,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from ._checks import _generator, float_dtype, rules
+from ._ops import _matmul, _sum, upcast
 from .attention import additive_attention, additive_attention_backward
-from .layers import _matmul, _sum, _upcast
+from .trees import tree_map
 
 __all__ = [
     "rnn_cell",
@@ -137,7 +138,7 @@ def _gru_gates(x, h, params):
 
 def _sigmoid(a):
     """``σ(a) = 1 / (1 + exp(-a))``; half inputs in float32, rounded once (as ``torch.sigmoid``)."""
-    a32 = _upcast(a)
+    a32 = upcast(a)
     # 1 / (1 + exp(-a)) overflows (a warning, then the right 0) for a << 0; this form never does
     e = np.exp(-np.abs(a32))
     return np.where(a32 >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(a.dtype, copy=False)
@@ -146,15 +147,15 @@ def _sigmoid(a):
 def _tanh_grad(d_out, t):
     """``d_out (1 - t²)`` for ``t = tanh(a)``: half inputs in float32, rounded once
     (as torch's ``tanh_backward``)."""
-    t32 = _upcast(t)
-    return (_upcast(d_out) * (1.0 - t32 * t32)).astype(t.dtype, copy=False)
+    t32 = upcast(t)
+    return (upcast(d_out) * (1.0 - t32 * t32)).astype(t.dtype, copy=False)
 
 
 def _sigmoid_grad(d_out, s):
     """``d_out s (1 - s)`` for ``s = σ(a)``: half inputs in float32, rounded once
     (as torch's ``sigmoid_backward``)."""
-    s32 = _upcast(s)
-    return (_upcast(d_out) * s32 * (1.0 - s32)).astype(s.dtype, copy=False)
+    s32 = upcast(s)
+    return (upcast(d_out) * s32 * (1.0 - s32)).astype(s.dtype, copy=False)
 
 
 # --------------------------------------------------------------------------
@@ -571,7 +572,7 @@ def _scan_backward(step, cell_grads, d_outputs, d_h_n, x, params, h0, lengths):
     _, states = _scan(step, x, params, h0, lengths)  # h_0 .. h_L, each (B, Hs)
     valid = _valid_steps(lengths, B, L)  # (B, L)
     dh = np.zeros_like(states[0]) if d_h_n is None else d_h_n.copy()  # (B, Hs): dL/dh_t, from t on
-    dx, d_params = np.zeros_like(x), _zeros_like(params)
+    dx, d_params = np.zeros_like(x), tree_map(np.zeros_like, params)
     for t in reversed(range(L)):
         keep = valid[:, t, None]  # (B, 1)
         d_step = dh if d_outputs is None else dh + d_outputs[:, t]  # (B, Hs): state and output
@@ -643,11 +644,11 @@ def attention_seq2seq_backward(d_out, src, tgt_in, params, src_lengths=None):
 def _seq2seq_grads(d_logits, d_weights, src, tgt_in, params, src_lengths):
     _, steps, (enc, c, mask) = _teacher_forced(src, tgt_in, params, src_lengths)
     Hs, E = c.shape[1], params["tgt_embed"].shape[1]
-    grads = _zeros_like(params)
+    grads = tree_map(np.zeros_like, params)
     ds = np.zeros_like(c)  # (B, Hs): dL/ds_{t+1}, from the steps after t
     dc_fixed = np.zeros_like(c)  # (B, Hs): dL/dc summed over the steps (seq2seq)
     d_enc = np.zeros_like(enc)  # (B, Ls, Hs): dL/denc through the attention
-    d_tgt_embed = _upcast(grads["tgt_embed"])  # (Vt, E): float32 for half dtypes, else grads' own array
+    d_tgt_embed = upcast(grads["tgt_embed"])  # (Vt, E): float32 for half dtypes, else grads' own array
     for t in reversed(range(len(steps))):
         st, d_logit = steps[t], d_logits[:, t]  # d_logit (B, Vt)
         # logits = [s_{t+1}, c_t] @ out.w + out.b
@@ -658,7 +659,7 @@ def _seq2seq_grads(d_logits, d_weights, src, tgt_in, params, src_lengths):
         # s_{t+1} = gru_cell([tgt_embed[y_t], c_t], s_t)
         g = _gru_grads(ds_new, st.x, st.s, params["decoder"])  # x (B, E + Hs)
         _accumulate(grads["decoder"], g["params"])
-        np.add.at(d_tgt_embed, st.y_prev, _upcast(g["x"][:, :E]))  # (Vt, E)
+        np.add.at(d_tgt_embed, st.y_prev, upcast(g["x"][:, :E]))  # (Vt, E)
         dc = dc + g["x"][:, E:]  # (B, Hs)
         ds = g["h"]  # (B, Hs): dL/ds_t
         if "attention" in params:  # (c_t, α_t) = additive_attention(s_t, enc)
@@ -676,14 +677,10 @@ def _seq2seq_grads(d_logits, d_weights, src, tgt_in, params, src_lengths):
     d_h_n = ds + dc_fixed  # (B, Hs)
     g = _scan_backward(_gru_step, _gru_grads, d_enc, d_h_n, x_src, params["encoder"], None, src_lengths)
     _accumulate(grads["encoder"], g["params"])
-    d_src_embed = _upcast(grads["src_embed"])  # (Vs, E): float32 for half dtypes, else grads' own array
-    np.add.at(d_src_embed, src, _upcast(g["x"]))  # (Vs, E)
+    d_src_embed = upcast(grads["src_embed"])  # (Vs, E): float32 for half dtypes, else grads' own array
+    np.add.at(d_src_embed, src, upcast(g["x"]))  # (Vs, E)
     grads["src_embed"] = d_src_embed.astype(c.dtype, copy=False)  # rounded once
     return {"params": grads}
-
-
-def _zeros_like(params):
-    return {k: _zeros_like(v) if isinstance(v, dict) else np.zeros_like(v) for k, v in params.items()}
 
 
 def _accumulate(total, grads):

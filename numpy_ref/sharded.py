@@ -49,17 +49,11 @@ import numpy as np
 from ._checks import rules
 from ._contract import blocks as _blocks
 from ._contract import ring as _ring
-from .attention import (
-    _group_sum,
-    _repeat_kv,
-    _scale,
-    scaled_dot_product_attention,
-    scaled_dot_product_attention_backward,
-)
+from ._ops import _group_sum, attention_scale, repeat_kv, upcast
+from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
 from .blockwise import _backward as _block_backward
 from .blockwise import _forward as _block_forward
 from .blockwise import _full_rank, _given_lse, _Scores
-from .layers import _upcast
 
 __all__ = [
     "shard_positions", "ring_schedule", "shard_sequence", "unshard_sequence",
@@ -138,7 +132,7 @@ def merge_attention(outs, lses):
       ``(out (*batch, Lq, Dv), lse (*batch, Lq))``.
     """
     rules.merge_attention(outs, lses)  # SPEC 3.24
-    out, lse, _ = _merge(_upcast(outs), _upcast(lses))
+    out, lse, _ = _merge(upcast(outs), upcast(lses))
     return out.astype(outs.dtype, copy=False), lse.astype(_lse_dtype(outs), copy=False)
 
 
@@ -163,12 +157,12 @@ def merge_attention_backward(d_out, outs, lses):
     """
     rules.merge_attention(outs, lses)  # SPEC 3.24
     d_out, d_lse = rules.merge_cotangents(d_out, outs, lses)  # (*batch, Lq, Dv), (*batch, Lq), either None
-    o_i, l_i = _upcast(outs), _upcast(lses)
+    o_i, l_i = upcast(outs), upcast(lses)
     merged, _, w = _merge(o_i, l_i)  # (*batch, Lq, Dv), (S, *batch, Lq)
-    d_out = np.zeros_like(merged) if d_out is None else _upcast(d_out)
+    d_out = np.zeros_like(merged) if d_out is None else upcast(d_out)
     row = np.sum(d_out * (o_i - merged), axis=-1)  # (S, *batch, Lq): Σ_d dO (out_i - out)
     if d_lse is not None:
-        row = row + _upcast(d_lse)
+        row = row + upcast(d_lse)
     return {"outs": (w[..., None] * d_out).astype(outs.dtype, copy=False),
             "lses": (w * row).astype(lses.dtype, copy=False)}
 
@@ -186,7 +180,7 @@ def _merge(outs, lses):
 
 
 def _lse_dtype(x):
-    return np.float32 if _upcast(x).dtype != x.dtype else x.dtype
+    return np.float32 if upcast(x).dtype != x.dtype else x.dtype
 
 
 # --------------------------------------------------------------------------
@@ -240,7 +234,7 @@ def ring_attention_backward(d_out, q, k, v, mask=None, scale=None, *, causal=Fal
     ring = _Ring(q, k, mask, scale, causal, align, layout, num_shards, G)
     if out is None or lse is None:
         out, lse = ring.forward(q, k, v)
-    grads = ring.backward(d_out, d_lse, q, k, v, _upcast(out), _upcast(lse))
+    grads = ring.backward(d_out, d_lse, q, k, v, upcast(out), upcast(lse))
     return {name: g.astype(q.dtype, copy=False) for name, g in grads.items()}
 
 
@@ -251,7 +245,7 @@ class _Ring:
     def __init__(self, q, k, mask, scale, causal, align, layout, num_shards, G):
         self.N, self.layout, self.G = num_shards, layout, G
         self.sched = _ring.ring_schedule(q.shape[-2], k.shape[-2], num_shards, causal, align, layout)
-        self.score = _Scores(_scale(q, scale), None, None)
+        self.score = _Scores(attention_scale(q, scale), None, None)
         self.mask = None if mask is None else _full_rank(mask, q.ndim)  # (*batch|1, Lq|1, Lk|1)
         self.causal = causal
 
@@ -290,7 +284,7 @@ class _Ring:
                 j = self.sched.kv_shard(r, s)
                 if not self.sched.computed[r, s]:
                     continue  # entirely masked by the structure: nothing to add
-                k_j, v_j = (_repeat_kv(x, self.G) for x in held[r])  # query head h reads kv head h // G
+                k_j, v_j = (repeat_kv(x, self.G) for x in held[r])  # query head h reads kv head h // G
                 part = _block_forward(qs[r], k_j, v_j, self.allowed(r, j), None, self.score,
                                       self.step(qs[r].shape[-2], k_j.shape[-2]))[:2]  # (out, lse)
                 running[r] = part if running[r] is None else _merge_two(running[r], part)
@@ -309,9 +303,9 @@ class _Ring:
         qs, outs, lses = self.shard(q), self.shard(out), _shard_rows(lse, N, self.layout)
         d_outs = self.shard(np.zeros_like(out) if d_out is None else d_out)
         d_lses = None if d_lse is None else _shard_rows(d_lse, N, self.layout)
-        dq = [np.zeros_like(_upcast(x)) for x in qs]
+        dq = [np.zeros_like(upcast(x)) for x in qs]
         # what travels: the kv shard and its gradient accumulators
-        held = [(k_j, v_j, np.zeros_like(_upcast(k_j)), np.zeros_like(_upcast(v_j)))
+        held = [(k_j, v_j, np.zeros_like(upcast(k_j)), np.zeros_like(upcast(v_j)))
                 for k_j, v_j in zip(self.shard(k), self.shard(v))]
         for s in range(N):
             for r in range(N):
@@ -320,7 +314,7 @@ class _Ring:
                     continue
                 k_j, v_j, dk_j, dv_j = held[r]
                 g = _block_backward(d_outs[r], None if d_lses is None else d_lses[r], qs[r],
-                                    _repeat_kv(k_j, self.G), _repeat_kv(v_j, self.G), self.allowed(r, j),
+                                    repeat_kv(k_j, self.G), repeat_kv(v_j, self.G), self.allowed(r, j),
                                     None, self.score, self.step(qs[r].shape[-2], k_j.shape[-2]),
                                     outs[r], _given_lse(lses[r]))  # P = exp(s - lse): the merged lse
                 dq[r] += g["q"]
@@ -339,7 +333,7 @@ def _merge_two(a, b):
 
 
 def _empty(q, v):
-    q = _upcast(q)
+    q = upcast(q)
     return (np.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype), np.full(q.shape[:-1], -np.inf, dtype=q.dtype))
 
 

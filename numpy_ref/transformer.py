@@ -46,11 +46,11 @@ import math
 import numpy as np
 
 from ._checks import _generator, float_dtype, rules
-from ._contract.checks import rng_error
+from ._contract.arguments import rng_error
+from ._ops import _matmul, _sum, apply_dropout, upcast
 from .cache import _decoder_step, _init_cache
 from .decoder import decoder, decoder_backward, init_decoder
 from .encoder import encoder, encoder_backward, init_encoder
-from .layers import _dropout, _matmul, _sum, _upcast
 from .masks import causal_mask, combine_masks, padding_mask
 from .positional import sinusoidal_encoding
 
@@ -135,8 +135,8 @@ class _Run:
         pe = _positions(max(S, L), params)  # (max(S, L), D), a constant
         self.e_src = _embed(params["src_embed"], src, pe[:S])  # (B, S, D)
         self.e_tgt = _embed(params["tgt_embed"], tgt, pe[:L])  # (B, L, D)
-        self.x_src = _dropout(self.e_src, masks["src_embed"] if dropout_p else None, dropout_p)
-        self.x_tgt = _dropout(self.e_tgt, masks["tgt_embed"] if dropout_p else None, dropout_p)
+        self.x_src = apply_dropout(self.e_src, masks["src_embed"] if dropout_p else None, dropout_p)
+        self.x_tgt = apply_dropout(self.e_tgt, masks["tgt_embed"] if dropout_p else None, dropout_p)
         self.src_mask = _source_mask(src_lengths, S)  # (B, 1, 1, S) or None
         tgt_pad = None if tgt_lengths is None else padding_mask(tgt_lengths, L)  # (B, 1, 1, L)
         self.self_mask = combine_masks(causal_mask(L), tgt_pad)  # (L, L) or (B, 1, L, L)
@@ -164,7 +164,7 @@ def _embed(table, tokens, pe):
     ``tensor * python float``).
     """
     rows = table[tokens]  # (B, L, D)
-    scaled = (_upcast(rows) * math.sqrt(table.shape[1])).astype(table.dtype, copy=False)
+    scaled = (upcast(rows) * math.sqrt(table.shape[1])).astype(table.dtype, copy=False)
     return scaled + pe  # (B, L, D)
 
 
@@ -241,7 +241,7 @@ class _CrossEntropy:
     def __init__(self, logits, targets, ignore_index, label_smoothing):
         self.V = logits.shape[-1]
         self.eps = float(label_smoothing)
-        z = _upcast(logits).reshape(-1, self.V)  # (N, V)
+        z = upcast(logits).reshape(-1, self.V)  # (N, V)
         t = np.asarray(targets).reshape(-1)  # (N,)
         self.valid = np.ones(t.shape, bool) if ignore_index is None else t != ignore_index  # (N,)
         self.count = int(self.valid.sum())
@@ -480,9 +480,9 @@ def transformer_backward(d_out, src, tgt, params, num_heads, *, src_lengths=None
     # logits = y @ w + b
     d_logits, y_rows = d_out.reshape(-1, Vt), y.reshape(-1, D)  # (B·L, Vt), (B·L, D)
     grads["out"] = {"b": _sum(d_logits, 0)}  # (Vt,)
-    d_tgt_embed = np.zeros(params["tgt_embed"].shape, _upcast(y).dtype)  # (Vt, D), float32 for half
+    d_tgt_embed = np.zeros(params["tgt_embed"].shape, upcast(y).dtype)  # (Vt, D), float32 for half
     if tie_embeddings:  # w = tgt_embedᵀ
-        d_tgt_embed += _upcast(d_logits).T @ _upcast(y_rows)  # (Vt, D), the readout's use
+        d_tgt_embed += upcast(d_logits).T @ upcast(y_rows)  # (Vt, D), the readout's use
         d_y = _matmul(d_out, params["tgt_embed"])  # (B, L, D)
     else:
         grads["out"]["w"] = _matmul(y_rows.T, d_logits)  # (D, Vt)
@@ -496,9 +496,9 @@ def transformer_backward(d_out, src, tgt, params, num_heads, *, src_lengths=None
     # x = drop(e), e = table[ids] * sqrt(D) + PE
     d_e_tgt = _embed_site_backward(g_dec["x"], masks["tgt_embed"], dropout_p)  # (B, L, D)
     d_e_src = _embed_site_backward(g_enc["x"], masks["src_embed"], dropout_p)  # (B, S, D)
-    np.add.at(d_tgt_embed, tgt, math.sqrt(D) * _upcast(d_e_tgt))  # (Vt, D)
+    np.add.at(d_tgt_embed, tgt, math.sqrt(D) * upcast(d_e_tgt))  # (Vt, D)
     d_src_embed = np.zeros(params["src_embed"].shape, d_tgt_embed.dtype)  # (Vs, D)
-    np.add.at(d_src_embed, src, math.sqrt(D) * _upcast(d_e_src))  # (Vs, D)
+    np.add.at(d_src_embed, src, math.sqrt(D) * upcast(d_e_src))  # (Vs, D)
     grads["src_embed"] = d_src_embed.astype(y.dtype, copy=False)  # rounded once
     grads["tgt_embed"] = d_tgt_embed.astype(y.dtype, copy=False)  # both uses, rounded once
     return {"params": {k: grads[k] for k in params}}  # params' key order
@@ -506,7 +506,7 @@ def transformer_backward(d_out, src, tgt, params, num_heads, *, src_lengths=None
 
 def _embed_site_backward(d_x, keep, dropout_p):
     """Through ``x = drop(e)``: ``de = where(keep, dx / (1 - p), 0)`` (dropout is linear)."""
-    return _dropout(d_x, keep if dropout_p else None, dropout_p)
+    return apply_dropout(d_x, keep if dropout_p else None, dropout_p)
 
 
 def cross_entropy_backward(d_out, logits, targets, *, ignore_index=None, label_smoothing=0.0):
@@ -530,6 +530,6 @@ def cross_entropy_backward(d_out, logits, targets, *, ignore_index=None, label_s
     ce = _CrossEntropy(logits, targets, ignore_index, label_smoothing)
     q = np.full(ce.log_p.shape, ce.eps / ce.V, dtype=ce.log_p.dtype)  # (N, V): ε / V everywhere
     q[np.arange(q.shape[0]), ce.target] += 1.0 - ce.eps  # (1 - ε) onehot(y_n) + ε / V
-    scale = _upcast(np.asarray(d_out)) / max(ce.count, 1)  # d_out / count
+    scale = upcast(np.asarray(d_out)) / max(ce.count, 1)  # d_out / count
     d_logits = np.where(ce.valid[:, None], (np.exp(ce.log_p) - q) * scale, 0.0)  # (N, V)
     return {"logits": d_logits.reshape(logits.shape).astype(logits.dtype, copy=False)}

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import float_dtype, rules
-from .layers import _upcast
+from ._ops import _distance, rotary
 
 __all__ = [
     "rotary_embedding",
@@ -66,7 +66,7 @@ def rotary_embedding(x, positions=None, *, base=10000.0, convention="half"):
       ``x`` rotated, same shape and dtype.
     """
     rules.rotary_embedding(x, positions, base, convention)  # x float (.., L, Dh even), positions ints
-    return _rotary(x, positions, base, convention)
+    return rotary(x, positions, base, convention)
 
 
 def rotary_embedding_backward(d_out, x, positions=None, *, base=10000.0, convention="half"):
@@ -89,37 +89,7 @@ def rotary_embedding_backward(d_out, x, positions=None, *, base=10000.0, convent
     """
     rules.rotary_embedding(x, positions, base, convention)  # as the forward
     rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
-    return {"x": _rotary(d_out, positions, base, convention, sign=-1.0)}
-
-
-def _rotary(x, positions, base, convention, sign=1.0):
-    """:func:`rotary_embedding` without the checks; ``sign=-1`` rotates back."""
-    cos, sin = _angles(x, positions, base)  # (B|1, 1?, L, Dh/2) each
-    return _rotate(_upcast(x), cos, sign * sin, convention).astype(x.dtype, copy=False)
-
-
-def _angles(x, positions, base):
-    """``cos`` and ``sin`` of ``positions · θ_i`` in the compute dtype, shaped
-    to broadcast against the pairs of ``x``: ``(L, Dh/2)``, ``(B, L, Dh/2)``,
-    or ``(B, 1, L, Dh/2)`` for per-sequence positions of a rank-4 ``x``."""
-    L, Dh = x.shape[-2:]
-    dtype = np.float64 if x.dtype == np.float64 else np.float32
-    theta = (float(base) ** (-np.arange(0, Dh, 2, dtype=np.float64) / Dh)).astype(dtype)  # (Dh/2,)
-    p = np.arange(L) if positions is None else np.asarray(positions)  # (L,) or (B, L)
-    angle = p.astype(dtype)[..., None] * theta  # (L, Dh/2) or (B, L, Dh/2)
-    if angle.ndim == 3 and x.ndim == 4:
-        angle = angle[:, None]  # (B, 1, L, Dh/2): the same positions for every head
-    return np.cos(angle), np.sin(angle)
-
-
-def _rotate(x, cos, sin, convention):
-    """Each pair ``(a, b)`` of ``x (..., Dh)`` -> ``(a cos - b sin, a sin + b cos)``."""
-    half = x.shape[-1] // 2
-    if convention == "half":
-        a, b = x[..., :half], x[..., half:]  # (..., Dh/2) each
-        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)  # (..., Dh)
-    a, b = x[..., 0::2], x[..., 1::2]  # (..., Dh/2) each
-    return np.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(x.shape)  # (..., Dh)
+    return {"x": rotary(d_out, positions, base, convention, sign=-1.0)}
 
 
 def rope_permutation(head_dim):
@@ -249,10 +219,3 @@ def alibi_bias(num_heads, Lq, Lk=None, *, align="top_left", symmetric=False, dty
     if symmetric:
         distance = np.abs(distance)
     return (-slopes[:, None, None] * distance).astype(dtype)  # (H, Lq, Lk)
-
-
-def _distance(q0, q1, k0, k1, offset, dtype=np.float64):
-    """``p_i - j`` for the queries ``[q0, q1)`` at ``p_i = i + offset`` and the
-    keys ``[k0, k1)``: ``(q1 - q0, k1 - k0)``, exact integers in ``dtype``."""
-    p = np.arange(q0, q1, dtype=np.int64)[:, None] + offset  # (bq, 1)
-    return (p - np.arange(k0, k1, dtype=np.int64)[None, :]).astype(dtype)  # (bq, bk)

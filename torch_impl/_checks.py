@@ -1,5 +1,5 @@
 """Input validation for torch_impl: the contract of
-``numpy_ref/_contract/checks.py`` bound to torch tensors, with a device hook.
+``numpy_ref/_contract/rules/`` bound to torch tensors, with a device hook.
 
 Reads as ``numpy_ref/_checks.py`` and ``jax_impl/_checks.py`` do: define what
 an array is and its dtype ``kind``, then build ``rules`` from them. Dtypes
@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from numpy_ref import _checks as _numpy
-from numpy_ref._contract.checks import Rules, rng_error
+from numpy_ref._contract.arguments import rng_error
+from numpy_ref._contract.rules import Rules
 
 __all__ = ["kind", "rules", "float_dtype", "HALF_DTYPES"]
 

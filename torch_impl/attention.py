@@ -54,11 +54,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from numpy_ref._contract.checks import ADDITIVE_KEYS, MHA_KEYS
+from numpy_ref._contract.tables import ADDITIVE_KEYS, MHA_KEYS
 
 from ._checks import _generator, float_dtype, rules
-from .layers import _CanonicalModule, _dropout, _keep_mask, _tensors, _uniform, _upcast
-from .variants import _rotate
+from ._ops import (
+    apply_dropout,
+    attention_scale,
+    keep_mask,
+    masked_softmax,
+    merge_heads,
+    read_keys,
+    read_positions,
+    repeat_kv,
+    rotary,
+    split_heads,
+    unread_to_zero,
+    upcast,
+)
+from .layers import _CanonicalModule, _tensors, _uniform
 
 __all__ = [
     "softmax",
@@ -95,33 +108,7 @@ def softmax(x, axis=-1, mask=None):
       ``p``, same shape and dtype as ``x``; rows sum to 1 or to 0.
     """
     rules.softmax(x, axis, mask)  # SPEC 3.5: float x, int axis in range, bool mask
-    return _masked_softmax(_upcast(x), mask, axis).to(x.dtype)
-
-
-def _masked_softmax(x, mask, axis):
-    # A masked entry becomes -inf, so "valid" is just ``x != -inf``; the
-    # fused ``torch.softmax`` already gives such an entry weight exp(-inf) = 0
-    # and gradient 0, and subtracts the row max.
-    if mask is not None:
-        x = x.masked_fill(~mask, -math.inf)
-    if x.shape[axis] == 0:  # Lk = 0: no row has a max; the softmax is empty
-        return torch.softmax(x, dim=axis)
-    # Only a row without any valid entry differs from ``torch.softmax`` (which
-    # would give -inf - (-inf) = NaN there, and NaN gradients): such a row is
-    # set to 0 before (a finite softmax, so its backward stays finite) and
-    # after. Eagerly on the CPU, where the check costs no device sync, the
-    # two fills are skipped when no row is empty (they would change nothing);
-    # under torch.compile they stay, so the graph has no data-dependent break.
-    empty = torch.amax(x, dim=axis, keepdim=True) == -math.inf
-    if _cheap_to_branch(x) and not bool(empty.any()):
-        return torch.softmax(x, dim=axis)
-    p = torch.softmax(x.masked_fill(empty, 0.0), dim=axis)
-    return p.masked_fill(empty, 0.0)  # an empty row: weights 0, gradient 0
-
-
-def _cheap_to_branch(x):
-    """Whether a branch on ``x``'s values costs no device sync or graph break."""
-    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+    return masked_softmax(upcast(x), mask, axis).to(x.dtype)
 
 
 # --------------------------------------------------------------------------
@@ -182,35 +169,25 @@ def _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weigh
     projected heads are bfloat16 while a user's bias stays float32, a mix the
     public function (rightly) refuses.
     """
-    scale = _scale(q, scale)
-    k, v = _repeat_kv(k, q), _repeat_kv(v, q)  # (B, H, Lk, D·): query head h reads kv head h // G
-    read = _read_keys(mask, bias)  # (*batch, Lk, 1) or None
-    k, v = _unread_to_zero(k, read), _unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
+    scale = attention_scale(q, scale)
+    k, v = repeat_kv(k, q), repeat_kv(v, q)  # (B, H, Lk, D·): query head h reads kv head h // G
+    read = read_keys(mask, bias)  # (*batch, Lk, 1) or None
+    k, v = unread_to_zero(k, read), unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
     if not need_weights and softcap is None:
         return _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng), None
     # scores and softmax in float32 for half inputs, even under autocast
     with torch.autocast(q.device.type, enabled=False):
         # scale folded into q: Lq * Dk multiplies instead of Lq * Lk
-        scores = (_upcast(q) * scale) @ _upcast(k).transpose(-1, -2)  # (*batch, Lq, Lk)
+        scores = (upcast(q) * scale) @ upcast(k).transpose(-1, -2)  # (*batch, Lq, Lk)
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)  # (*batch, Lq, Lk), in (-cap, cap)
         if bias is not None:
-            scores = scores + _upcast(bias)  # (*batch, Lq, Lk)
-        weights = _masked_softmax(scores, mask, -1).to(q.dtype)  # (*batch, Lq, Lk)
-    keep = _keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
-    dropped = _dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
+            scores = scores + upcast(bias)  # (*batch, Lq, Lk)
+        weights = masked_softmax(scores, mask, -1).to(q.dtype)  # (*batch, Lq, Lk)
+    keep = keep_mask(dropout_p, dropout_mask, rng, weights)  # (*batch, Lq, Lk) or None
+    dropped = apply_dropout(weights, keep, dropout_p)  # (*batch, Lq, Lk)
     out = dropped @ v  # (*batch, Lq, Dv)
     return (out, weights) if need_weights else (out, None)
-
-
-def _repeat_kv(x, q):
-    """Grouped-query attention: ``x (B, Hkv, Lk, D·)`` repeated to ``q``'s ``H``
-    heads, each kv head ``G = H / Hkv`` times in a row (``repeat_interleave``,
-    PyTorch's ``enable_gqa``), so query head ``h`` reads kv head ``h // G``;
-    ``x`` itself when the head counts agree (or rank 3)."""
-    if x.ndim != 4 or x.shape[1] == q.shape[1]:
-        return x
-    return x.repeat_interleave(q.shape[1] // x.shape[1], dim=1)  # (B, H, Lk, D·)
 
 
 def _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng):
@@ -260,10 +237,10 @@ def additive_attention(query, keys, params, mask=None):
       ``(context (B, Lq, Dk), weights (B, Lq, Lk))``.
     """
     mask = rules.additive(query, keys, params, mask)  # SPEC 3.7; a (B, 1, 1, Lk) mask loses its head axis
-    keys = _unread_to_zero(keys, _read_keys(mask, None))  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
+    keys = unread_to_zero(keys, read_keys(mask, None))  # (B, Lk, Dk); SPEC 3.4a: unread keys are 0
     t = _additive_hidden(query, keys, params)  # (B, Lq, Lk, A)
     e = t @ params["v"]  # (B, Lq, Lk)
-    weights = _masked_softmax(_upcast(e), mask, -1).to(e.dtype)  # (B, Lq, Lk)
+    weights = masked_softmax(upcast(e), mask, -1).to(e.dtype)  # (B, Lq, Lk)
     return weights @ keys, weights  # (B, Lq, Dk), (B, Lq, Lk)
 
 
@@ -319,17 +296,17 @@ def multi_head_attention(
     num_kv_heads = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p,
                              dropout_mask, num_kv_heads, rope, rope_base, softcap)  # SPEC 3.8; Hkv
     # SPEC 3.4a: a position no query of any head may attend is never read
-    read = _read_positions(_read_keys(mask, bias))  # (B|1, Lk, 1) or None
-    key, value = _unread_to_zero(key, read), _unread_to_zero(value, read)  # (B, Lk, D)
+    read = read_positions(read_keys(mask, bias))  # (B|1, Lk, 1) or None
+    key, value = unread_to_zero(key, read), unread_to_zero(value, read)  # (B, Lk, D)
     qh, kh, vh = _project_heads(query, key, value, params, num_heads, num_kv_heads)  # (B, H|Hkv, L, Dh)
     if rope is not None:  # 2b) rotate at the absolute positions 0 .. L - 1
-        qh, kh = _rotate(qh, None, rope_base, rope), _rotate(kh, None, rope_base, rope)
+        qh, kh = rotary(qh, None, rope_base, rope), rotary(kh, None, rope_base, rope)
     # 3) attend (which zeroes the keys a single head does not read)
     heads, weights = _attend(
         qh, kh, vh, mask, bias, None, dropout_p, dropout_mask, rng, need_weights, softcap
     )  # (B, H, Lq, Dh), (B, H, Lq, Lk) or None
     # 4) concat
-    concat = _merge_heads(heads)  # (B, Lq, D)
+    concat = merge_heads(heads)  # (B, Lq, D)
     # 5) output projection
     return concat @ params["w_o"] + params["b_o"], weights  # (B, Lq, D), (B, H, Lq, Lk)
 
@@ -341,18 +318,8 @@ def _project_heads(query, key, value, params, num_heads, num_kv_heads=None):
     k = key @ params["w_k"] + params["b_k"]  # (B, Lk, Hkv·Dh)
     v = value @ params["w_v"] + params["b_v"]  # (B, Lk, Hkv·Dh)
     # 2) split heads
-    return (_split_heads(q, num_heads),  # (B, H, Lq, Dh)
-            _split_heads(k, num_kv_heads), _split_heads(v, num_kv_heads))  # (B, Hkv, Lk, Dh)
-
-
-def _split_heads(x, num_heads):
-    B, L, D = x.shape
-    return x.reshape(B, L, num_heads, D // num_heads).transpose(1, 2)  # (B, H, L, Dh)
-
-
-def _merge_heads(x):
-    B, H, L, Dh = x.shape
-    return x.transpose(1, 2).reshape(B, L, H * Dh)  # (B, L, D)
+    return (split_heads(q, num_heads),  # (B, H, Lq, Dh)
+            split_heads(k, num_kv_heads), split_heads(v, num_kv_heads))  # (B, Hkv, Lk, Dh)
 
 
 # --------------------------------------------------------------------------
@@ -406,48 +373,6 @@ def init_additive_attention(rng, d_query, d_key, d_attn, dtype=None, device=None
 def _xavier_uniform(rng, fan_in, fan_out):
     bound = math.sqrt(6.0 / (fan_in + fan_out))
     return _uniform(rng, -bound, bound, (fan_in, fan_out))
-
-
-# --------------------------------------------------------------------------
-# shared pieces: unread keys, scale
-# --------------------------------------------------------------------------
-
-
-def _read_keys(mask, bias):
-    """Which keys some query may attend, as rows: ``read[..., j, 0] =
-    any_i(mask[..., i, j] & (bias[..., i, j] != -inf))``, shape ``(..., Lk, 1)``
-    (broadcastable to ``k``), or None when neither is given (every key is read).
-
-    Decided by ``mask`` and ``bias`` alone, never by the scores: whether a key
-    is read must not depend on the key (SPEC 3.4a).
-    """
-    if mask is None and bias is None:
-        return None
-    valid = mask
-    if bias is not None:
-        finite = bias != -math.inf  # a -inf score counts as masked (SPEC 3.3)
-        valid = finite if valid is None else valid & finite
-    return torch.atleast_2d(valid).any(dim=-2, keepdim=True).transpose(-1, -2)  # (..., Lk, 1)
-
-
-def _read_positions(read):
-    """:func:`_read_keys` of a ``(B, H, Lq, Lk)`` mask reduced over the heads:
-    the key/value *input* positions some head reads, ``(B|1, Lk, 1)``, or None."""
-    if read is None:
-        return None
-    read = read.reshape((1,) * (4 - read.ndim) + tuple(read.shape))  # (B|1, H|1, Lk, 1)
-    return read.any(dim=1)  # (B|1, Lk, 1)
-
-
-def _unread_to_zero(x, read):
-    """``where(read, x, 0)``: the rows of unread keys set to 0 by selection, so
-    a NaN or inf there reaches neither a product nor a gradient (the where's
-    own gradient is 0 in those rows); ``x`` itself when ``read`` is None."""
-    return x if read is None else torch.where(read, x, 0.0)
-
-
-def _scale(q, scale):
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
 # --------------------------------------------------------------------------

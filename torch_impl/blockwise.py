@@ -75,9 +75,7 @@ from torch.autograd.function import once_differentiable
 from numpy_ref._contract import blocks as _blocks
 
 from ._checks import HALF_DTYPES, rules
-from .attention import _repeat_kv, _scale
-from .layers import _upcast
-from .variants import _distance
+from ._ops import _distance, attention_scale, repeat_kv, unread_to_zero, upcast
 
 __all__ = ["blockwise_attention", "block_schedule"]
 
@@ -123,7 +121,8 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
     block_q, block_k, window, _ = rules.blockwise(q, k, v, mask, bias, scale, block_q, block_k, causal,
                                                   window, align, softcap, alibi_slopes)  # SPEC 5
     sched = _blocks.block_schedule(q.shape[-2], k.shape[-2], block_q, block_k, causal, window, align)
-    return _BlockwiseAttention.apply(q, k, v, mask, bias, alibi_slopes, _scale(q, scale), softcap, sched)
+    scale = attention_scale(q, scale)
+    return _BlockwiseAttention.apply(q, k, v, mask, bias, alibi_slopes, scale, softcap, sched)
 
 
 def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=None, align="top_left"):
@@ -189,7 +188,7 @@ def _forward(q, k, v, scale, scores):
     (``lse = m + log l``; ``-inf`` and 0 for a row with no valid key)."""
     sched = scores.sched
     with torch.autocast(q.device.type, enabled=False):
-        qs, k32, v32 = _upcast(q) * scale, _upcast(k), _upcast(v)  # scale folded into q
+        qs, k32, v32 = upcast(q) * scale, upcast(k), upcast(v)  # scale folded into q
         out = k32.new_zeros((*q.shape[:-1], v.shape[-1]))  # (*batch, Lq, Dv)
         lse = k32.new_full(q.shape[:-1], -math.inf)  # (*batch, Lq)
         row_max, row_sum = torch.full_like(lse, -math.inf), torch.zeros_like(lse)  # (*batch, Lq): m, l
@@ -224,20 +223,20 @@ def _backward(q, k, v, out, stats, d_out, d_lse, scale, scores, want_bias, want_
     ``P = exp(s - m) / l``, the ``1 / l`` folded into ``dO`` and ``D`` per row."""
     sched, bias, slopes = scores.sched, scores.bias, scores.slopes
     with torch.autocast(q.device.type, enabled=False):
-        qs, k32, v32 = _upcast(q) * scale, _upcast(k), _upcast(v)
+        qs, k32, v32 = upcast(q) * scale, upcast(k), upcast(v)
         d_out = torch.zeros_like(out) if d_out is None else d_out
-        dO, O = _upcast(d_out), _upcast(out)  # (*batch, Lq, Dv)
+        dO, O = upcast(d_out), upcast(out)  # (*batch, Lq, Dv)
         D = (dO * O).sum(-1, keepdim=True)  # (*batch, Lq, 1)
         if d_lse is not None:
-            D = D - _upcast(d_lse)[..., None]  # ∂lse/∂s = P: d_lse joins the softmax's row term
+            D = D - upcast(d_lse)[..., None]  # ∂lse/∂s = P: d_lse joins the softmax's row term
         m, l = stats  # (*batch, Lq) each, the compute dtype
         empty = (m == -math.inf)[..., None]  # (*batch, Lq, 1): a row with no valid key, P = 0 there
         m_safe = torch.where(empty, 0.0, m[..., None])  # (*batch, Lq, 1)
         l_safe = torch.where(empty, 1.0, l[..., None])  # (*batch, Lq, 1)
         dO, D = dO / l_safe, D / l_safe  # P = exp(s - m) / l: the row's 1 / l, applied once per row
         dq, dk, dv = torch.zeros_like(qs), torch.zeros_like(k32), torch.zeros_like(v32)
-        d_bias = torch.zeros_like(_upcast(bias)) if want_bias else None
-        d_slopes = torch.zeros_like(_upcast(slopes)) if want_slopes else None  # (H,) or (B, H)
+        d_bias = torch.zeros_like(upcast(bias)) if want_bias else None
+        d_slopes = torch.zeros_like(upcast(slopes)) if want_slopes else None  # (H,) or (B, H)
         for q0, q1, kb0, kb1 in sched.rows:
             q_b, dO_b, D_b = qs[..., q0:q1, :], dO[..., q0:q1, :], D[..., q0:q1, :]
             for k0, k1 in _key_blocks(sched, kb0, kb1):
@@ -247,7 +246,7 @@ def _backward(q, k, v, out, stats, d_out, d_lse, scale, scores, want_bias, want_
                 dP = dO_b @ v_b.transpose(-1, -2)  # (*batch, bq, bk)
                 dS = P * (dP - D_b)  # (*batch, bq, bk)
                 dS = dS if valid is None else torch.where(valid, dS, 0.0)
-                dv[..., k0:k1, :] += _group_sum(_unread_to_zero(P.transpose(-1, -2) @ dO_b, read),
+                dv[..., k0:k1, :] += _group_sum(unread_to_zero(P.transpose(-1, -2) @ dO_b, read),
                                                 dv)  # (*batch|B, Hkv, bk, Dv)
                 if want_bias:
                     db_b = _block_view(d_bias, q0, q1, k0, k1)  # a view: bias's own (broadcast) shape
@@ -257,7 +256,7 @@ def _backward(q, k, v, out, stats, d_out, d_lse, scale, scores, want_bias, want_
                     d_slopes += _sum_to(-(dS * dist).sum((-2, -1)), d_slopes.shape)  # (H,) or (B, H)
                 if t is not None:  # s_c = cap · tanh(s_raw / cap): ∂s_c/∂s_raw = 1 - tanh²
                     dS = dS * (1.0 - t * t)  # (*batch, bq, bk)
-                dk[..., k0:k1, :] += _group_sum(_unread_to_zero(dS.transpose(-1, -2) @ q_b, read),
+                dk[..., k0:k1, :] += _group_sum(unread_to_zero(dS.transpose(-1, -2) @ q_b, read),
                                                 dk)  # (*batch|B, Hkv, bk, Dk)
                 dq[..., q0:q1, :] += dS @ k_b  # (*batch, bq, Dk), times scale below
     # dK = scale · dSᵀ q: q was already scaled, dQ still is not
@@ -296,8 +295,8 @@ def _block(q_b, k, v, scores, q0, q1, k0, k1):
     allowed = _allowed(mask, bias, sched, q0, q1, k0, k1, q_b.device)  # (..., bq, bk) or None
     read = None if allowed is None else allowed.any(-2, keepdim=True).transpose(-1, -2)  # (..., bk, 1)
     # query head h reads kv head h // G; then SPEC 3.4a per query head
-    k_b = _unread_to_zero(_repeat_kv(k[..., k0:k1, :], q_b), read)  # (*batch, bk, Dk)
-    v_b = _unread_to_zero(_repeat_kv(v[..., k0:k1, :], q_b), read)  # (*batch, bk, Dv)
+    k_b = unread_to_zero(repeat_kv(k[..., k0:k1, :], q_b), read)  # (*batch, bk, Dk)
+    v_b = unread_to_zero(repeat_kv(v[..., k0:k1, :], q_b), read)  # (*batch, bk, Dv)
     s, t = _scores(q_b, k_b, scores, q0, q1, k0, k1)
     if allowed is None:
         return k_b, v_b, s, None, read, t
@@ -313,10 +312,10 @@ def _scores(q_b, k_b, scores, q0, q1, k0, k1):
         t = torch.tanh(s / scores.softcap)  # (*batch, bq, bk)
         s = scores.softcap * t  # in (-cap, cap)
     if scores.bias is not None:
-        s = s + _upcast(_block_view(scores.bias, q0, q1, k0, k1))  # (*batch, bq, bk)
+        s = s + upcast(_block_view(scores.bias, q0, q1, k0, k1))  # (*batch, bq, bk)
     if scores.slopes is not None:
         dist = _alibi_distance(scores.sched, q0, q1, k0, k1, s.dtype, s.device)  # (bq, bk)
-        s = s - _upcast(scores.slopes)[..., None, None] * dist  # (B, H, bq, bk)
+        s = s - upcast(scores.slopes)[..., None, None] * dist  # (B, H, bq, bk)
     return s, t
 
 
@@ -385,11 +384,6 @@ def _group_sum(g, like):
     B, H, n, d = g.shape
     Hkv = like.shape[1]
     return g.reshape(B, Hkv, H // Hkv, n, d).sum(2)  # (B, Hkv, bk, D·)
-
-
-def _unread_to_zero(x, read):
-    """``where(read, x, 0)``, or ``x`` when every row is read."""
-    return x if read is None else torch.where(read, x, 0.0)
 
 
 def _lse_dtype(q):

@@ -54,10 +54,9 @@ from __future__ import annotations
 import torch
 
 from ._checks import float_dtype, rules
-from .attention import (_attend, _merge_heads, _project_heads, _read_keys, _read_positions,
-                        _split_heads, _unread_to_zero)
+from ._ops import merge_heads, read_keys, read_positions, rotary, split_heads, unread_to_zero
+from .attention import _attend, _project_heads
 from .layers import feed_forward, layer_norm
-from .variants import _rotate
 
 __all__ = [
     "init_attention_cache",
@@ -266,8 +265,8 @@ def decoder_incremental(x, memory, params, num_heads, *, chunks, memory_mask=Non
     L = x.shape[1]
     # SPEC 3.4a, as multi_head_attention: a memory position no query reads is 0 before the
     # projection, so NaN padding reaches no product, not even autograd's memoryᵀ dK
-    read = _read_positions(_read_keys(memory_mask, None))  # (B|1, S, 1) or None
-    memory = _unread_to_zero(memory, read)  # (B, S, D)
+    read = read_positions(read_keys(memory_mask, None))  # (B|1, S, 1) or None
+    memory = unread_to_zero(memory, read)  # (B, S, D)
     cache = _decoder_cache(memory, params, num_heads, L)
     per_row = memory_mask is not None and memory_mask.ndim >= 2 and memory_mask.shape[-2] == L > 1
     outs, start = [], 0
@@ -303,28 +302,28 @@ def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=No
     q, k, v = _project_heads(x, x, x, params, num_heads, num_kv_heads)  # (B, H|Hkv, T, Dh)
     positions = n + torch.arange(T, device=x.device)  # (T,): the absolute positions of the new tokens
     if rope is not None:  # rotated once, before the keys are cached
-        q, k = _rotate(q, positions, rope_base, rope), _rotate(k, positions, rope_base, rope)
+        q, k = rotary(q, positions, rope_base, rope), rotary(k, positions, rope_base, rope)
     keys, values = _write(cache["k"], k, n), _write(cache["v"], v, n)  # (B, Hkv, C, Dh)
     # query t sits at position n + t and sees slots j <= n + t (never the empty ones beyond)
     mask = torch.arange(C, device=x.device)[None, :] <= positions[:, None]  # (T, C)
     heads, _ = _attend(q, keys, values, mask, None, None, 0.0, None, None, True, softcap)  # (B, H, T, Dh)
-    out = _merge_heads(heads) @ params["w_o"] + params["b_o"]  # (B, T, D)
+    out = merge_heads(heads) @ params["w_o"] + params["b_o"]  # (B, T, D)
     return out, {"k": keys, "v": values, "length": cache["length"] + T}
 
 
 def _cross_step(x, cache, params, num_heads, memory_mask):
     """Attention of ``x`` over the cached, projected memory ``cache["k"]``, ``cache["v"]``."""
-    q = _split_heads(x @ params["w_q"] + params["b_q"], num_heads)  # (B, H, T, Dh)
+    q = split_heads(x @ params["w_q"] + params["b_q"], num_heads)  # (B, H, T, Dh)
     heads, _ = _attend(q, cache["k"], cache["v"], memory_mask, None, None, 0.0, None, None,
                        True)  # (B, H, T, Dh)
-    return _merge_heads(heads) @ params["w_o"] + params["b_o"]  # (B, T, D)
+    return merge_heads(heads) @ params["w_o"] + params["b_o"]  # (B, T, D)
 
 
 def _layer_cache(memory, params, num_heads, capacity):
     B, S, D = memory.shape
     cross = params["cross_attn"]
-    k = _split_heads(memory @ cross["w_k"] + cross["b_k"], num_heads)  # (B, H, S, Dh)
-    v = _split_heads(memory @ cross["w_v"] + cross["b_v"], num_heads)  # (B, H, S, Dh)
+    k = split_heads(memory @ cross["w_k"] + cross["b_k"], num_heads)  # (B, H, S, Dh)
+    v = split_heads(memory @ cross["w_v"] + cross["b_v"], num_heads)  # (B, H, S, Dh)
     return {"self_attn": _empty_cache(B, num_heads, capacity, D // num_heads, memory.dtype,
                                       memory.device),
             "cross_attn": {"k": k, "v": v}}

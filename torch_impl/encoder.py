@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from numpy_ref._contract.checks import ACTIVATIONS, DROPOUT_SITES, LAYER_KEYS  # noqa: F401
+from numpy_ref._contract.tables import ACTIVATIONS, DROPOUT_SITES, LAYER_KEYS  # noqa: F401
 
 from ._checks import _generator, rules
 from .attention import MultiHeadAttention, init_multi_head_attention, multi_head_attention

@@ -21,11 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from numpy_ref._contract.trees import flatten as _flatten  # state_dict keys: "layers.0.self_attn.w_q"
+from numpy_ref.trees import flatten as _flatten  # state_dict keys: "layers.0.self_attn.w_q"
 
-from numpy_ref._contract.checks import ACTIVATIONS, FEED_FORWARD_KEYS
+from numpy_ref._contract.tables import ACTIVATIONS, FEED_FORWARD_KEYS
 
-from ._checks import HALF_DTYPES, _generator, float_dtype, rules
+from ._checks import _generator, float_dtype, rules
+from ._ops import apply_dropout, keep_mask, upcast
 
 __all__ = [
     "linear",
@@ -73,7 +74,7 @@ def layer_norm(x, params, eps=1e-5):
     """
     rules.layer_norm(x, params, eps)  # SPEC 3.10: x (..., D), gamma/beta (D,), eps > 0
     x_hat, _ = _normalize(x, eps)  # (..., D), float32 for half
-    out = _upcast(params["gamma"]) * x_hat + _upcast(params["beta"])  # (..., D)
+    out = upcast(params["gamma"]) * x_hat + upcast(params["beta"])  # (..., D)
     return out.to(x.dtype)  # rounded once
 
 
@@ -98,8 +99,8 @@ def feed_forward(x, params, activation="relu", dropout_p=0.0, dropout_mask=None,
     """
     rules.feed_forward(x, params, activation, dropout_p, dropout_mask)  # SPEC 3.11, the hidden keep-mask
     hidden = _ACT[activation](linear(x, params["w_1"], params["b_1"]))  # (..., F)
-    keep = _keep_mask(dropout_p, dropout_mask, rng, hidden)  # (..., F) or None
-    hidden = _dropout(hidden, keep, dropout_p)  # (..., F)
+    keep = keep_mask(dropout_p, dropout_mask, rng, hidden)  # (..., F) or None
+    hidden = apply_dropout(hidden, keep, dropout_p)  # (..., F)
     return linear(hidden, params["w_2"], params["b_2"])  # (..., D)
 
 
@@ -121,7 +122,7 @@ def dropout(x, p, mask=None, rng=None):
       tensor of ``x``'s shape and dtype.
     """
     rules.dropout(x, p, mask)  # SPEC 3.12: float x, p in [0, 1), keep-mask of x's shape
-    return _dropout(x, _keep_mask(p, mask, rng, x), p)
+    return apply_dropout(x, keep_mask(p, mask, rng, x), p)
 
 
 def init_layer_norm(d_model, dtype=None, device=None):
@@ -161,42 +162,15 @@ def init_feed_forward(rng, d_model, d_ff, dtype=None, device=None):
 # helpers
 
 
-def _upcast(x):
-    """float16/bfloat16 -> float32, other dtypes unchanged: the half-precision recipe.
-
-    Softmax and layer norm upcast their inputs once, compute in float32 and
-    round the result back once (``.to(x.dtype)``), as numpy_ref does.
-    """
-    return x.float() if x.dtype in HALF_DTYPES else x
-
-
 def _normalize(x, eps):
     """``x_hat = (x - mean) / sqrt(var + eps)`` and ``1 / sqrt(var + eps)``.
 
     In float32 for half ``x``; the caller rounds its result once.
     """
-    x = _upcast(x)
+    x = upcast(x)
     centered = x - x.mean(dim=-1, keepdim=True)  # (..., D)
     inv_std = 1.0 / torch.sqrt((centered * centered).mean(dim=-1, keepdim=True) + eps)  # (..., 1)
     return centered * inv_std, inv_std
-
-
-def _keep_mask(p, mask, rng, x):
-    """The bool keep-mask of ``x``'s entries: ``mask``, or drawn from ``rng``;
-    None when ``p == 0`` (dropout off). The caller checked ``p`` and ``mask``."""
-    if float(p) == 0.0:
-        return None
-    if mask is not None:
-        return mask
-    return torch.rand(x.shape, generator=_generator(rng), device=x.device) >= float(p)
-
-
-def _dropout(x, keep, p):
-    """Inverted dropout ``where(keep, x / (1 - p), 0)``; ``keep`` None is the identity.
-
-    By selection: a dropped entry is exactly 0, even where ``x`` is inf or NaN.
-    """
-    return x if keep is None else torch.where(keep, x / (1.0 - float(p)), 0.0)
 
 
 # relu' = 1[x > 0] (0 at the kink) and exact-erf gelu, as numpy_ref.

@@ -32,11 +32,12 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from numpy_ref._contract.checks import CELL_KEYS
+from numpy_ref._contract.tables import CELL_KEYS
 
 from ._checks import _generator, float_dtype, rules
-from .attention import AdditiveAttention, _masked_softmax, init_additive_attention
-from .layers import _CanonicalModule, _tensors, _uniform, _upcast
+from ._ops import masked_softmax, upcast
+from .attention import AdditiveAttention, init_additive_attention
+from .layers import _CanonicalModule, _tensors, _uniform
 
 __all__ = [
     "rnn_cell",
@@ -302,7 +303,7 @@ def _attend(s, source, params):
     """:func:`additive_attention` of the one query ``s (B, Hs)`` over ``enc``:
     ``e_j = v · tanh(enc_j w_1 + s w_2)``, ``α = softmax(e, mask)``, ``c = α @ enc``."""
     e = torch.tanh((s @ params["w_2"])[:, None, :] + source.keys) @ params["v"]  # (B, Ls)
-    alpha = _masked_softmax(_upcast(e), source.mask, -1).to(e.dtype)  # (B, Ls); 0 on a length-0 row
+    alpha = masked_softmax(upcast(e), source.mask, -1).to(e.dtype)  # (B, Ls); 0 on a length-0 row
     return (alpha[:, None, :] @ source.enc)[:, 0], alpha  # (B, Hs), (B, Ls)
 
 

@@ -48,14 +48,14 @@ from torch.autograd.function import once_differentiable
 
 from numpy_ref._contract import blocks as _blocks
 from numpy_ref._contract import ring as _ring
-from numpy_ref._contract.checks import _dtype_str
+from numpy_ref._contract.arguments import dtype_str as _dtype_str
 
 from ._checks import HALF_DTYPES, rules
-from .attention import _scale, scaled_dot_product_attention
+from ._ops import attention_scale, upcast
+from .attention import scaled_dot_product_attention
 from .blockwise import _backward as _block_backward
 from .blockwise import _forward as _block_forward
 from .blockwise import _Scores
-from .layers import _upcast
 
 __all__ = [
     "shard_positions", "ring_schedule", "shard_sequence", "unshard_sequence",
@@ -145,7 +145,7 @@ def merge_attention(outs, lses):
     """
     rules.merge_attention(outs, lses)  # SPEC 3.24
     with torch.autocast(outs.device.type, enabled=False):
-        out, lse = _merge(_upcast(outs), _upcast(lses))
+        out, lse = _merge(upcast(outs), upcast(lses))
     return out.to(outs.dtype), lse.to(_lse_dtype(outs))
 
 
@@ -219,7 +219,7 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
     _agree(group, q, k, v)
     N, rank = _world(group), _rank(group)
     ring = _RingPlan(q, k, mask, causal, align, layout, N, rank, group)
-    return _RingAttention.apply(q, k, v, _scale(q, scale), ring)
+    return _RingAttention.apply(q, k, v, attention_scale(q, scale), ring)
 
 
 def _world(group):
@@ -346,7 +346,7 @@ class _RingAttention(torch.autograd.Function):
 
 def _ring_forward(q, k, v, scale, ring):
     """This rank's ``(out, lse)`` in the compute dtype (float32 for half inputs)."""
-    q32 = _upcast(q)  # the block then computes (and returns) in the compute dtype
+    q32 = upcast(q)  # the block then computes (and returns) in the compute dtype
     held = [k.contiguous(), v.contiguous()]  # k/v shard j travel in their own dtype, Hkv heads
     running = None
     for s, j, computed in ring.steps():
@@ -364,16 +364,16 @@ def _ring_forward(q, k, v, scale, ring):
 
 def _ring_backward(q, k, v, out, lse, d_out, d_lse, scale, ring):
     """The reverse ring: ``(dq, dk, dv)`` of this rank's shards, in the compute dtype."""
-    q32 = _upcast(q)
+    q32 = upcast(q)
     dq = torch.zeros_like(q32)
     held = [k.contiguous(), v.contiguous()]
-    acc = [torch.zeros_like(_upcast(k)), torch.zeros_like(_upcast(v))]  # travel with the shard
+    acc = [torch.zeros_like(upcast(k)), torch.zeros_like(upcast(v))]  # travel with the shard
     stats = (lse, torch.ones_like(lse))  # (m, l) = (lse, 1): P = exp(s - lse) from the merged lse
     for s, j, computed in ring.steps():
         arriving = [torch.empty_like(x) for x in held] if s < ring.N - 1 else []
         requests = ring.exchange(held if arriving else [], arriving)  # the next shard, during the block
         if computed:
-            g_q, g_k, g_v, _, _ = _block_backward(q32, _upcast(held[0]), _upcast(held[1]), out, stats, d_out,
+            g_q, g_k, g_v, _, _ = _block_backward(q32, upcast(held[0]), upcast(held[1]), out, stats, d_out,
                                                   d_lse, scale, ring.scores(j, q.device), False, False)
             dq += g_q
             acc[0] += g_k  # already summed over each group's query heads: Hkv heads

@@ -32,13 +32,15 @@ import math
 import torch
 from torch import nn
 
-from numpy_ref._contract.checks import ACTIVATIONS, rng_error
+from numpy_ref._contract.arguments import rng_error
+from numpy_ref._contract.tables import ACTIVATIONS
 
 from ._checks import _generator, float_dtype, rules
+from ._ops import upcast
 from .cache import _decoder_cache, _decoder_step, decoder_step, init_decoder_cache
 from .decoder import TransformerDecoder, decoder, init_decoder
 from .encoder import TransformerEncoder, encoder, init_encoder
-from .layers import _CanonicalModule, _tensors, _upcast, dropout
+from .layers import _CanonicalModule, _tensors, dropout
 from .masks import causal_mask, combine_masks, padding_mask
 from .positional import sinusoidal_encoding
 
@@ -121,7 +123,7 @@ def cross_entropy(logits, targets, *, ignore_index=None, label_smoothing=0.0):
     ignore_index, eps = rules.cross_entropy(  # shapes, ids in [0, V) or ignored, eps in [0, 1)
         logits, targets, ignore_index, label_smoothing)
     V = logits.shape[-1]
-    log_p = torch.log_softmax(_upcast(logits), dim=-1)  # (..., V)
+    log_p = torch.log_softmax(upcast(logits), dim=-1)  # (..., V)
     valid = torch.ones_like(targets, dtype=torch.bool) if ignore_index is None else (
         targets != ignore_index)  # (...)
     picked = torch.where(valid, targets, 0)  # an ignored target reads class 0, dropped below
@@ -245,7 +247,7 @@ def _embed(table, tokens, pe):
     """``table[tokens] * sqrt(D) + pe``; half tables are scaled in float32 and
     rounded once, then the table's dtype adds ``pe`` (as numpy_ref)."""
     D = table.shape[1]
-    scaled = (_upcast(table[tokens]) * math.sqrt(D)).to(table.dtype)  # (B, L, D)
+    scaled = (upcast(table[tokens]) * math.sqrt(D)).to(table.dtype)  # (B, L, D)
     return scaled + pe  # (B, L, D)
 
 

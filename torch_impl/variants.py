@@ -25,11 +25,10 @@ block by block without building :func:`alibi_bias`.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ._checks import float_dtype, rules
-from .layers import _upcast
+from ._ops import _distance, rotary
 
 __all__ = ["rotary_embedding", "rope_permutation", "convert_rope_params", "alibi_slopes", "alibi_bias"]
 
@@ -62,28 +61,7 @@ def rotary_embedding(x, positions=None, *, base=10000.0, convention="half"):
       the rotated ``x``, same shape and dtype.
     """
     rules.rotary_embedding(x, positions, base, convention)  # float x, even Dh, int positions >= 0
-    return _rotate(x, positions, base, convention)
-
-
-def _rotate(x, positions, base, convention):
-    """The unchecked body of :func:`rotary_embedding`."""
-    *_, L, Dh = x.shape
-    xc = _upcast(x)  # float32 for half inputs, else x's dtype
-    theta = torch.from_numpy(float(base) ** (-np.arange(0, Dh, 2) / Dh))  # (Dh/2,) float64, host
-    theta = theta.to(dtype=xc.dtype, device=x.device)
-    if positions is None:
-        positions = torch.arange(L, device=x.device)  # (L,)
-    angle = positions.to(xc.dtype)[..., None] * theta  # (L, Dh/2) or (B, L, Dh/2)
-    if x.ndim == 4 and angle.ndim == 3:
-        angle = angle[:, None]  # (B, 1, L, Dh/2): the same positions for every head
-    cos, sin = torch.cos(angle), torch.sin(angle)
-    if convention == "half":
-        a, b = xc[..., : Dh // 2], xc[..., Dh // 2:]  # (..., L, Dh/2) each
-        out = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (..., L, Dh)
-    else:
-        a, b = xc[..., 0::2], xc[..., 1::2]  # (..., L, Dh/2) each
-        out = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)  # (..., L, Dh)
-    return out.to(x.dtype)
+    return rotary(x, positions, base, convention)
 
 
 def rope_permutation(head_dim, device=None):
@@ -208,8 +186,3 @@ def alibi_bias(num_heads, Lq, Lk=None, *, align="top_left", symmetric=False, dty
     return (-slopes[:, None, None] * dist).to(dtype)  # (H, Lq, Lk)
 
 
-def _distance(q0, q1, k0, k1, offset, dtype, device):
-    """``p_i - j`` for the rows ``[q0, q1)`` and keys ``[k0, k1)``, ``p_i = i + offset``: ``(bq, bk)``."""
-    p = torch.arange(q0, q1, device=device)[:, None] + offset  # (bq, 1)
-    j = torch.arange(k0, k1, device=device)[None, :]  # (1, bk)
-    return (p - j).to(dtype)  # (bq, bk)

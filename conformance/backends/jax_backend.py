@@ -40,6 +40,8 @@ import functools
 
 import numpy as np
 
+from numpy_ref.trees import tree_map
+
 from ..invoke import VARARGS, devices_needed, name_outputs, split_args, with_dtype
 from ..protocol import Backend, Call, Result, flatten, output_names
 
@@ -282,16 +284,11 @@ def _is_config(value):
 
 
 def _to_jax(tree, dtype):
-    """numpy leaves -> jax arrays; float leaves cast to ``dtype`` (None: kept)."""
-    import jax.numpy as jnp
+    """numpy leaves -> jax arrays; float leaves cast to ``dtype`` (None: kept); other leaves kept."""
+    def leaf(x):
+        return _put(x, dtype if x.dtype.kind == "f" else None) if isinstance(x, np.ndarray) else x
 
-    if isinstance(tree, dict):
-        return {k: _to_jax(v, dtype) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_to_jax(v, dtype) for v in tree)
-    if isinstance(tree, np.ndarray):
-        return _put(tree, dtype if tree.dtype.kind == "f" else None)
-    return tree
+    return tree_map(leaf, tree)
 
 
 def _put(array, dtype):

@@ -27,6 +27,7 @@ import numpy as np
 
 from conformance.protocol import Backend, Call, Result
 from numpy_ref import feed_forward, layer_norm
+from numpy_ref.trees import tree_map
 
 
 def _heads(x, w, b, H):
@@ -123,7 +124,7 @@ class MyCacheBackend(Backend):
     def run(self, call: Call, dtype: str | None) -> Result:
         kw = call.kwargs
         cast = (lambda a: a) if dtype is None else (lambda a: np.asarray(a, dtype=dtype))
-        params = _cast_tree(kw["params"], cast)
+        params = tree_map(cast, kw["params"])
         x, memory, H = cast(kw["x"]), cast(kw["memory"]), kw["num_heads"]
         cache = self.cache_class(memory, params["layers"], H, capacity=x.shape[1])
         outs, start = [], 0
@@ -135,11 +136,3 @@ class MyCacheBackend(Backend):
                                    kw["activation"], kw["eps"]))
             start += n
         return Result(outputs={"out": np.concatenate(outs, axis=1)})
-
-
-def _cast_tree(tree, cast):
-    if isinstance(tree, dict):
-        return {k: _cast_tree(v, cast) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_cast_tree(v, cast) for v in tree]
-    return cast(tree)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Callable, NamedTuple
 
-from .rules import _spec, _type_str, shape_str
+from .arguments import _spec, _type_str, shape_str
 
 __all__ = [
     "ArrayOps", "Block", "MHA", "FFN", "NORM", "LAYER", "DECODER_LAYER",

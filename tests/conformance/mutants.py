@@ -4,10 +4,10 @@ Each :class:`Mutant` is a bug that kernel authors actually write (a scale of
 ``1/Dh``, a ``-1e9`` mask, a softmax without the max shift, unbiased variance,
 sin and cos swapped, ...), planted by replacing exactly one function or
 table of ``numpy_ref`` for the duration of one ``run``. numpy_ref's functions
-call each other through module globals, so replacing ``attention._scale``
+call each other through module globals, so replacing ``_ops.attention_scale``
 reaches scaled dot-product attention, multi-head attention and both encoder
 functions, forward and backward. A name imported into several modules
-(``from .layers import _dropout``) is replaced in every module that holds it.
+(``from ._ops import apply_dropout``) is replaced in every module that holds it.
 A bug confined to some callers of a helper (GQA's head mapping inside
 multi-head attention and the cache, not in the kernels) wraps those callers
 instead, each patching the helper for the duration of its own call.
@@ -157,15 +157,15 @@ def _uniform_empty_rows(original):
 
 
 def _probs_over_queries(q, k, mask, bias, scale, softcap=None):
-    scores = A._upcast(q) @ np.swapaxes(A._upcast(k), -1, -2) * scale
+    scores = A.upcast(q) @ np.swapaxes(A.upcast(k), -1, -2) * scale
     if bias is not None:
-        scores = scores + A._upcast(bias)
-    return A._masked_softmax(scores, mask, -2), None  # normalised over the queries
+        scores = scores + A.upcast(bias)
+    return A.masked_softmax(scores, mask, -2), None  # normalised over the queries
 
 
 def _variance_with(var_of):
     def normalize(x, eps):
-        x = Ly._upcast(x)
+        x = Ly.upcast(x)
         centered = x - x.mean(axis=-1, keepdims=True)
         inv_std = 1.0 / np.sqrt(var_of(x, centered) + eps)
         return centered * inv_std, inv_std
@@ -173,7 +173,7 @@ def _variance_with(var_of):
 
 
 def _normalize_eps_outside(x, eps):
-    x = Ly._upcast(x)
+    x = Ly.upcast(x)
     centered = x - x.mean(axis=-1, keepdims=True)
     inv_std = 1.0 / (np.sqrt((centered * centered).mean(axis=-1, keepdims=True)) + eps)
     return centered * inv_std, inv_std
@@ -241,19 +241,19 @@ def _project_w_transposed(query, key, value, params, num_heads, num_kv_heads=Non
     k = key @ params["w_k"] + params["b_k"]
     v = value @ params["w_v"] + params["b_v"]
     Hkv = num_heads if num_kv_heads is None else num_kv_heads
-    return A._split_heads(q, num_heads), A._split_heads(k, Hkv), A._split_heads(v, Hkv)
+    return A.split_heads(q, num_heads), A.split_heads(k, Hkv), A.split_heads(v, Hkv)
 
 
 def _grads_dq_unscaled(d_out, d_weights, q, k, v, bias, scale, dropout_p, p, keep, dropped, read, t=None, G=1):
     dv = np.swapaxes(dropped, -1, -2) @ d_out
-    dp = A._dropout(d_out @ np.swapaxes(v, -1, -2), keep, dropout_p)
+    dp = A.apply_dropout(d_out @ np.swapaxes(v, -1, -2), keep, dropout_p)
     if d_weights is not None:
         dp = dp + d_weights
     ds = A._softmax_grad(p, dp)
     dq = ds @ k  # the scale forgotten
     dk = np.swapaxes(ds, -1, -2) @ q * scale
-    grads = {"q": dq, "k": A._group_sum(A._unread_to_zero(dk, read), G),
-             "v": A._group_sum(A._unread_to_zero(dv, read), G)}
+    grads = {"q": dq, "k": A._group_sum(A.unread_to_zero(dk, read), G),
+             "v": A._group_sum(A.unread_to_zero(dv, read), G)}
     if bias is not None:
         grads["bias"] = A._sum_to_shape(ds, bias.shape)
     return grads
@@ -306,14 +306,14 @@ def _repeat_kv_tiled(x, G):
 
 def _softcap_after_bias(q, k, mask, bias, scale, softcap=None):
     """The cap applied to ``scores + bias``: a ``-inf`` bias becomes ``-cap``, a weight."""
-    scores = A._upcast(q) @ np.swapaxes(A._upcast(k), -1, -2) * scale
+    scores = A.upcast(q) @ np.swapaxes(A.upcast(k), -1, -2) * scale
     if bias is not None:
-        scores = scores + A._upcast(bias)
+        scores = scores + A.upcast(bias)
     t = None
     if softcap is not None:
         t = np.tanh(scores / float(softcap))
         scores = float(softcap) * t
-    return A._masked_softmax(scores, mask, -1), t
+    return A.masked_softmax(scores, mask, -1), t
 
 
 def _slopes_geometric_for_any_h(num_heads, dtype=np.float64):
@@ -377,12 +377,12 @@ def _ring_kv_head_by_hkv(original):
 
     class Ring(original):
         def forward(self, *args):
-            with mock.patch.object(S, "_repeat_kv", _kv_heads_by_hkv), \
+            with mock.patch.object(S, "repeat_kv", _kv_heads_by_hkv), \
                     mock.patch.object(S, "_group_sum", _group_sum_by_hkv):
                 return super().forward(*args)
 
         def backward(self, *args):
-            with mock.patch.object(S, "_repeat_kv", _kv_heads_by_hkv), \
+            with mock.patch.object(S, "repeat_kv", _kv_heads_by_hkv), \
                     mock.patch.object(S, "_group_sum", _group_sum_by_hkv):
                 return super().backward(*args)
     return Ring
@@ -394,7 +394,7 @@ def _kv_head_by_hkv_inside(original):
     (scaled dot-product, blockwise, sharded attention) called directly keep ``h // G``."""
     @functools.wraps(original)
     def inside(*args, **kwargs):
-        with mock.patch.object(A, "_repeat_kv", _kv_heads_by_hkv), \
+        with mock.patch.object(A, "repeat_kv", _kv_heads_by_hkv), \
                 mock.patch.object(A, "_group_sum", _group_sum_by_hkv):
             return original(*args, **kwargs)
     return inside
@@ -560,32 +560,32 @@ def _const(value):
 
 MUTANTS = [
     # scale
-    _m("scale/one-over-dh", "scale = 1/Dh instead of 1/sqrt(Dh)", "attention._scale",
+    _m("scale/one-over-dh", "scale = 1/Dh instead of 1/sqrt(Dh)", "_ops.attention_scale",
        _const(lambda q, scale: 1.0 / q.shape[-1] if scale is None else float(scale)),
        SDPA_PLAIN | MHA_PLAIN | ENC_LAYERS | ENC_STACKS,
        spares={"mha/cross/twelve-heads", "sdpa/cross/scale"}),  # Dh = 1: 1/Dh = 1/sqrt(Dh); scale given
-    _m("scale/ignored-when-given", "an explicit scale is ignored (always 1/sqrt(Dk))", "attention._scale",
+    _m("scale/ignored-when-given", "an explicit scale is ignored (always 1/sqrt(Dk))", "_ops.attention_scale",
        _const(lambda q, scale: 1.0 / math.sqrt(q.shape[-1])),
        {"sdpa/cross/scale", "sdpa/cross/scale0"}, spares=SDPA_PLAIN | MHA_PLAIN),
     _m("scale/zero-means-default", "`scale or 1/sqrt(Dk)`: an explicit scale 0 becomes the default",
-       "attention._scale", _const(lambda q, scale: float(scale or 1.0 / math.sqrt(q.shape[-1]))),
+       "_ops.attention_scale", _const(lambda q, scale: float(scale or 1.0 / math.sqrt(q.shape[-1]))),
        {"sdpa/cross/scale0"}, spares={"sdpa/cross/scale"} | SDPA_PLAIN),
     # masks
-    _m("mask/polarity-inverted", "True taken as 'masked out'", "attention._masked_softmax",
+    _m("mask/polarity-inverted", "True taken as 'masked out'", "_ops.masked_softmax",
        lambda orig: lambda x, mask, axis: orig(x, None if mask is None else ~mask, axis),
        PADDING | {"sdpa/cross/causal", "mha/cross/causal", "encoder_layer/post/causal"},
        spares={"sdpa/cross/none", "mha/cross/none", "softmax/none", "encoder_layer/post/no-mask"}),
     _m("mask/additive-minus-1e9", "masking by adding -1e9 to the scores, not by selection",
-       "attention._masked_softmax",
+       "_ops.masked_softmax",
        lambda orig: lambda x, mask, axis: orig(x if mask is None else x + np.where(mask, 0.0, -1e9), None, axis),
        FULLY_MASKED,  # a fully masked row attends uniformly; elsewhere exp(-1e9) is exactly 0
        spares=PADDING | {"sdpa/cross/mask_to_bias", "softmax/neg-inf"}),  # -inf bias rows: selection still
-    _m("mask/fully-masked-nan", "a fully masked row divides 0 by 0 (NaN)", "attention._masked_softmax",
+    _m("mask/fully-masked-nan", "a fully masked row divides 0 by 0 (NaN)", "_ops.masked_softmax",
        _const(_softmax_nan_rows),
        FULLY_MASKED | {"sdpa/cross/mask_to_bias", "mha/cross/mask_to_bias", "softmax/neg-inf"},
        spares=PADDING | {"sdpa/length0/key", "mha/length0/key"}),  # Lk = 0: an empty division, no NaN
     _m("mask/fully-masked-mean-of-v", "a fully masked row attends uniformly (jax.nn's behaviour)",
-       "attention._masked_softmax", _uniform_empty_rows,
+       "_ops.masked_softmax", _uniform_empty_rows,
        FULLY_MASKED | {"sdpa/cross/mask_to_bias", "mha/cross/mask_to_bias", "softmax/neg-inf"},
        spares=PADDING | {"sdpa/length0/key"}),
     _m("mask/causal-diagonal-excluded", "causal mask j < i: a query cannot see itself", "masks.causal_mask",
@@ -609,18 +609,18 @@ MUTANTS = [
        {"masks/padding/lengths", "masks/padding/lengths+max_len", "masks/padding/zero-length"},
        spares={"masks/padding/tokens", "masks/padding/tokens+pad_id"}),  # the token path is separate
     # softmax
-    _m("softmax/no-max-subtraction", "exp(x) without subtracting the row max", "attention._masked_softmax",
+    _m("softmax/no-max-subtraction", "exp(x) without subtracting the row max", "_ops.masked_softmax",
        _const(_softmax_no_max), LARGE_SCORES, spares={"softmax/none", "sdpa/cross/none"}),
     _m("softmax/attention-over-queries", "attention softmax over the query axis (-2)",
        "attention._attention_probs", _const(_probs_over_queries),
        SDPA_PLAIN | MHA_PLAIN | ENC_LAYERS | {"sdpa/length1/query"},  # Lq = 1: every weight 1
        spares={"softmax/none", "softmax/axis-2"}),  # the public softmax takes its own axis
     _m("softmax/plus-inf-row-one-key", "a +inf row max taken as 0: weight NaN at the +inf key, 0 at the others",
-       "attention._masked_softmax", _const(_softmax_nonfinite_max_to_zero), {"sdpa/poison/plus-inf-bias"},
+       "_ops.masked_softmax", _const(_softmax_nonfinite_max_to_zero), {"sdpa/poison/plus-inf-bias"},
        # +-inf only where the mask removes, fully masked rows, finite rows: as the spec's softmax
        spares={"sdpa/poison/bias-inf", "sdpa/poison/padding+causal-inf", "sdpa/cross/none"} | FULLY_MASKED),
     _m("softmax/axis-ignored", "softmax always over the last axis, whatever axis is asked",
-       "attention._masked_softmax", lambda orig: lambda x, mask, axis: orig(x, mask, -1),
+       "_ops.masked_softmax", lambda orig: lambda x, mask, axis: orig(x, mask, -1),
        {"softmax/axis-2"}, spares={"softmax/none", "sdpa/cross/none"}),
     _m("softmax/backward-missing-sum-term", "softmax backward p * dp, without - sum(dp * p)",
        "attention._softmax_grad", _const(lambda p, dp, axis=-1: p * dp),
@@ -660,21 +660,21 @@ MUTANTS = [
        {"positional/sinusoidal/odd-d", "positional/sinusoidal/d1"},
        spares={"positional/sinusoidal/even", "positional/sinusoidal/long"}),
     # dropout
-    _m("dropout/no-rescale", "kept entries not divided by 1 - p", "layers._dropout",
+    _m("dropout/no-rescale", "kept entries not divided by 1 - p", "_ops.apply_dropout",
        _const(lambda x, keep, p: x if keep is None else np.where(keep, x, x.dtype.type(0))),
        DROPOUT, spares={"dropout/p0-identity", "sdpa/cross/none"}),
-    _m("dropout/scaled-by-1-over-p", "kept entries divided by p instead of 1 - p", "layers._dropout",
+    _m("dropout/scaled-by-1-over-p", "kept entries divided by p instead of 1 - p", "_ops.apply_dropout",
        _const(lambda x, keep, p: x if keep is None else np.where(keep, x / float(p), x.dtype.type(0))),
        DROPOUT, spares={"dropout/inf-dropped"}),  # p = 0.5: 1/p = 1/(1-p)
-    _m("dropout/keep-mask-inverted", "the keep-mask read as a drop-mask", "layers._dropout",
+    _m("dropout/keep-mask-inverted", "the keep-mask read as a drop-mask", "_ops.apply_dropout",
        _const(lambda x, keep, p: x if keep is None else np.where(~keep, x / (1.0 - float(p)), x.dtype.type(0))),
        DROPOUT | {"dropout/inf-dropped"}),
     # heads
     _m("heads/split-without-transpose", "heads split by reshape(B, H, L, Dh), no transpose",
-       "attention._split_heads", _const(_split_by_reshape),
+       "_ops.split_heads", _const(_split_by_reshape),
        MHA_PLAIN | ENC_LAYERS, spares={"mha/cross/one-head", "mha/self/length1"}),  # H = 1 or L = 1: same layout
     _m("heads/merge-dh-major", "heads merged as (L, Dh, H) instead of (L, H, Dh)",
-       "attention._merge_heads", _const(_merge_dh_major),
+       "_ops.merge_heads", _const(_merge_dh_major),
        MHA_PLAIN | ENC_LAYERS, spares={"mha/cross/one-head", "mha/cross/twelve-heads"}),  # H = 1 or Dh = 1
     # projections
     _m("projection/w_o-bias-dropped", "the output projection without b_o", "attention.multi_head_attention",
@@ -704,7 +704,7 @@ MUTANTS = [
        _bias_grad_batch_only, {"linear/bias", "linear/rank4"} | MHA_PLAIN | ENC_LAYERS,
        spares={"linear/rank2", "linear/no-bias"}),  # (N, D_in): axis 0 is every leading axis
     _m("grad/bias-not-reduced-to-broadcast", "the bias gradient keeps the broadcast axes",
-       "attention._sum_to_shape",
+       "_ops._sum_to_shape",
        _const(lambda g, shape: g.sum(axis=tuple(range(g.ndim - len(shape))))),
        {"sdpa/cross/bias-broadcast", "mha/cross/mask_to_bias"},
        spares={"sdpa/cross/bias", "mha/cross/bias"}),  # a full (B, H, Lq, Lk) bias
@@ -745,7 +745,7 @@ MUTANTS = [
        spares={"blockwise/length0/key"}),  # no key: lse = -inf either way
     # the modern variants (issue 15)
     _m("gqa/kv-head-h-mod-hkv", "k/v repeated by tile: query head h reads kv head h % Hkv, not h // G",
-       "attention._repeat_kv", _const(_repeat_kv_tiled), GQA_GROUPED, spares=MQA),
+       "_ops.repeat_kv", _const(_repeat_kv_tiled), GQA_GROUPED, spares=MQA),
     _m("gqa/mha-kv-head-h-div-hkv",
        "multi-head attention and the cache map query head h to kv head h // Hkv, not h // G",
        "attention.multi_head_attention attention.multi_head_attention_backward cache._attend",
@@ -769,10 +769,10 @@ MUTANTS = [
        "blockwise._alibi_distance", _const(_alibi_signed_distance), {"alibi/blockwise/cross/none"},
        spares={"alibi/blockwise/causal/bottom-right", "alibi/blockwise/window/bottom-right",
                "alibi/blockwise/fully-masked", "alibi/blockwise/gqa+softcap/causal"}),  # j <= p: the forms agree
-    _m("rope/angle-exponent-i", "theta_i = base^(-i/Dh) instead of base^(-2i/Dh)", "variants._angles",
+    _m("rope/angle-exponent-i", "theta_i = base^(-i/Dh) instead of base^(-2i/Dh)", "_ops._angles",
        _const(_angles_exponent_i), ROPE_FUNCTION | ROPE_BLOCKS, spares=NO_ROPE),
     _m("rope/conventions-swapped", "'half' pairs (2i, 2i+1) and 'interleaved' pairs (i, i + Dh/2)",
-       "variants._rotate",
+       "_ops._rotate",
        lambda orig: lambda x, cos, sin, convention: orig(x, cos, sin, "half" if convention == "interleaved"
                                                           else "interleaved"),
        ROPE_FUNCTION | ROPE_BLOCKS, spares=NO_ROPE),

@@ -19,7 +19,7 @@ from conformance.__main__ import main
 from conformance.backends import Unavailable, load
 from conformance.cases import cases
 from conformance.examples.my_attention_backend import plain_sdpa
-from conformance.runner import matches, parse_select
+from conformance.select import matches, parse_select
 
 from . import broken_backend
 

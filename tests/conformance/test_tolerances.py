@@ -408,12 +408,12 @@ def _torch_backends():
         def run(self, call, dtype):
             import torch_impl.attention as attention
 
-            saved = attention._upcast
-            attention._upcast = lambda x: x
+            saved = attention.upcast
+            attention.upcast = lambda x: x
             try:
                 return super().run(call, dtype)
             finally:
-                attention._upcast = saved
+                attention.upcast = saved
 
     return TorchBackend(), Bf16Softmax()
 

@@ -17,7 +17,7 @@ import pytest
 
 from conformance.cases import CASES_BY_NAME
 from conformance.tolerances import tolerance
-from numpy_ref._contract.trees import flatten, tree_map  # noqa: F401 (the test modules import them from here)
+from numpy_ref.trees import flatten, tree_map  # noqa: F401 (the test modules import them from here)
 
 #: float64 on both sides: the published table's float64 row (summation order only)
 F64_OUT = dict(zip(("rtol", "atol"), tolerance("float64", "out")))

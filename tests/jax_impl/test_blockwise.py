@@ -28,7 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 import jax_impl as ji  # noqa: E402
 from numpy_ref._checks import rules as nr_rules  # noqa: E402
 from numpy_ref._contract import blocks as _blocks  # noqa: E402
-from numpy_ref._contract.checks import ALIGNS  # noqa: E402
+from numpy_ref._contract.tables import ALIGNS  # noqa: E402
 
 from ..dims import B, DH, DV, H, LK, LQ  # noqa: E402
 from ..tiers import SLOW, first_of_each  # noqa: E402

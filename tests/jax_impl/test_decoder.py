@@ -32,7 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 import jax_impl as ji  # noqa: E402
 import numpy_ref as nr  # noqa: E402
 from conformance.tolerances import bounds, magnitude, max_error  # noqa: E402
-from numpy_ref._contract.checks import DECODER_DROPOUT_SITES  # noqa: E402
+from numpy_ref._contract.tables import DECODER_DROPOUT_SITES  # noqa: E402
 
 from ..dims import B, D, FF, H  # noqa: E402
 from ..dims import LK as S  # noqa: E402

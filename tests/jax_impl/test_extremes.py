@@ -20,7 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jax_impl as ji  # noqa: E402
 import numpy_ref as nr  # noqa: E402
-from numpy_ref._contract.trees import flatten  # noqa: E402
+from numpy_ref.trees import flatten  # noqa: E402
 
 from .. import extremes as X  # noqa: E402
 from ..tiers import SLOW, slow  # noqa: E402

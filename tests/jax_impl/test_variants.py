@@ -444,7 +444,7 @@ def test_bad_input_raises_the_numpy_ref_exception_eager_and_under_jit(name, chan
 def test_the_soft_cap_tanh_is_as_accurate_as_numpys_where_the_cap_bites():
     """XLA's CPU float32 tanh is up to 4.4 ulp off for 2 < |x| < 9; the soft cap's own
     tanh stays within 1.5 ulp there (numpy's: 1.4), with the gradient 1 - tanh²."""
-    from jax_impl.attention import _tanh
+    from jax_impl._ops import _tanh
 
     x = np.linspace(-20, 20, 40001).astype(np.float32)
     truth = np.tanh(x.astype(np.float64))

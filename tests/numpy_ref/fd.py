@@ -25,7 +25,7 @@ import zlib
 
 import numpy as np
 
-from numpy_ref._contract.trees import flatten as _flatten
+from numpy_ref.trees import flatten as _flatten
 
 WORST: dict[str, float] = {}  # function name -> worst relative error seen
 DIRECTIONS = 3  # random directional derivatives per sampled leaf

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import numpy_ref as nr
-from numpy_ref._contract.trees import flatten
+from numpy_ref.trees import flatten
 
 from .. import extremes as X
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from numpy_ref import interop
-from numpy_ref._contract.trees import flatten, tree_map
+from numpy_ref.trees import flatten, tree_map
 from numpy_ref.attention import init_multi_head_attention, multi_head_attention
 from numpy_ref.encoder import encoder_layer, init_encoder_layer
 

@@ -12,7 +12,7 @@ import pytest
 
 import numpy_ref as nr
 from numpy_ref import interop
-from numpy_ref._contract.trees import flatten
+from numpy_ref.trees import flatten
 
 from ..tiers import slow
 from .fd import check_backward

@@ -25,8 +25,8 @@ from numpy_ref import (
     transformer_backward,
 )
 from numpy_ref._checks import BFLOAT16
-from numpy_ref._contract.checks import DECODER_DROPOUT_SITES, DROPOUT_SITES
-from numpy_ref._contract.trees import flatten
+from numpy_ref._contract.tables import DECODER_DROPOUT_SITES, DROPOUT_SITES
+from numpy_ref.trees import flatten
 from numpy_ref.transformer import _decode_cached, _decode_recomputed
 
 from ..tiers import first_of_each

@@ -1,4 +1,5 @@
-"""numpy_ref._contract.trees: dotted names, the inverse, and tree_map.
+"""numpy_ref.trees (public; torch_impl.trees and jax_impl.trees delegate to it):
+dotted names, the inverse, and tree_map.
 
 The tree is an encoder's canonical params in miniature: a list of layers,
 an optional final norm, leaves that are arrays (and a None and a tuple, to
@@ -7,7 +8,7 @@ pin what counts as a leaf).
 import numpy as np
 import pytest
 
-from numpy_ref._contract.trees import flatten, tree_map, unflatten
+from numpy_ref.trees import flatten, tree_map, unflatten
 
 
 def encoder_tree():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conformance.cases import CASES_BY_NAME
-from numpy_ref._contract.trees import flatten, tree_map  # noqa: F401 (the test modules import them from here)
+from numpy_ref.trees import flatten, tree_map  # noqa: F401 (the test modules import them from here)
 
 
 def catalog(name):

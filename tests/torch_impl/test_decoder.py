@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 import numpy_ref  # noqa: E402
 import torch_impl  # noqa: E402
 from conformance.tolerances import bounds, error_ratio, magnitude, max_error  # noqa: E402
-from numpy_ref._contract.trees import flatten, tree_map  # noqa: E402
+from numpy_ref.trees import flatten, tree_map  # noqa: E402
 
 from ..tiers import first_of_each, slow  # noqa: E402
 from .conftest import to_numpy, to_torch  # noqa: E402
@@ -107,7 +107,7 @@ def autograd(out, wrt, d_out):
     flat = flatten(wrt)
     names = [k for k, v in flat.items() if isinstance(v, torch.Tensor) and v.requires_grad]
     grads = torch.autograd.grad(out, [flat[k] for k in names], d_out, allow_unused=True)
-    from numpy_ref._contract.trees import unflatten
+    from numpy_ref.trees import unflatten
     return unflatten({k: torch.zeros_like(flat[k]) if g is None else g for k, g in zip(names, grads)})
 
 

@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")
 F_ = pytest.importorskip("torch.nn.functional")
 
 import torch_impl  # noqa: E402
-from numpy_ref._contract.trees import flatten, tree_map, unflatten  # noqa: E402
+from numpy_ref.trees import flatten, tree_map, unflatten  # noqa: E402
 from torch_impl import interop  # noqa: E402
 
 from conformance.tolerances import max_error  # noqa: E402

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 import numpy_ref as nr  # noqa: E402
 import torch_impl as ti  # noqa: E402
-from numpy_ref._contract.trees import flatten  # noqa: E402
+from numpy_ref.trees import flatten  # noqa: E402
 
 from .. import extremes as X  # noqa: E402
 from ..tiers import SLOW  # noqa: E402

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from numpy_ref._contract.trees import flatten, tree_map  # noqa: E402
+from numpy_ref.trees import flatten, tree_map  # noqa: E402
 from torch_impl import interop  # noqa: E402
 
 from ..dims import B, D, DH, FF, H, LK, LQ  # noqa: E402

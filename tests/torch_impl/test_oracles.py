@@ -24,7 +24,7 @@ from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import torch_impl as ti  # noqa: E402
-from numpy_ref._contract.trees import flatten, tree_map  # noqa: E402
+from numpy_ref.trees import flatten, tree_map  # noqa: E402
 from torch_impl import interop  # noqa: E402
 
 from ..dims import B, D, DH, DV, FF, H, LK, LQ  # noqa: E402

@@ -21,7 +21,7 @@ from torch import nn  # noqa: E402
 
 import numpy_ref  # noqa: E402
 import torch_impl  # noqa: E402
-from numpy_ref._contract.trees import flatten  # noqa: E402
+from numpy_ref.trees import flatten  # noqa: E402
 from torch_impl import interop  # noqa: E402
 
 from .conftest import to_numpy, to_torch  # noqa: E402

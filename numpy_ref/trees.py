@@ -7,7 +7,12 @@ items by their index (``"layers.0.ffn.w_1"``): the keys of a torch
 ``tree_map`` applies a function to every leaf.
 
 A leaf is anything that is not a mapping, list or tuple: an array of any
-library, a scalar, None. Pure Python: no array library is imported.
+library, a scalar, None. Pure Python: no array library is imported, so one
+implementation serves every mirror (``torch_impl.trees`` and
+``jax_impl.trees`` delegate here). A submodule, not part of ``numpy_ref``'s
+star namespace::
+
+    from numpy_ref.trees import flatten, unflatten, tree_map
 """
 from __future__ import annotations
 

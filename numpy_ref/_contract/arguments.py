@@ -1,20 +1,23 @@
-"""The rules of the bad-input contract, one array kind at a time (SPEC section 3.16).
+"""What one argument must be, and how the contract words its messages (SPEC section 3.16).
 
-The parameter key tables, the message helpers, and :class:`ArrayRules`: what
-one argument must be (an array of this mirror, a float or bool dtype, a rank
-and shape with named letters, a number, a probability, a count, a choice, a
-parameter dict with exactly its keys). ``checks.py`` composes these into the
-validation sequence of every public function. The rules read only
-``.shape``, ``.ndim`` and ``.dtype``, a dtype *kind* ("float", "bool", "int",
-"other") and a few hooks (see ``checks.py``), so they serve numpy arrays,
-torch tensors and JAX arrays alike.
+:class:`ArrayRules`: the rules for one argument, bound to one array kind (an
+array of this mirror, a float or bool dtype, a rank and shape with named
+letters, a number, a probability, a count, a choice, a parameter dict with
+exactly its keys). The per-function rules (``rules/``) compose these into
+the validation sequence of every public function. The rules read only
+``.shape``, ``.ndim`` and ``.dtype``, a dtype *kind* ("float", "bool",
+"int", "other") and a few hooks (see ``rules/__init__.py``), so they serve
+numpy arrays, torch tensors and JAX arrays alike.
 
-Messages, always: ``"<argument>: expected <what>, got <what came>"``; shapes
-with their letters (``(B, Lq, D) with D=12``), dtypes as numpy prints them,
-parameters by dotted path (``params.layers.1.ffn.w_1``). ``ValueError`` for
-shapes and values, ``TypeError`` for dtypes and for an argument of the wrong
-kind. Sizes: a batch or length axis (``B``, ``H``, ``L``, ``Lq``, ``Lk``,
-``max_len``) may be 0; a width (:data:`WIDTHS`) may not.
+And the message helpers every rule shares (:func:`shape_str`,
+:func:`dtype_str`, :func:`rng_error`, ...). Messages, always:
+``"<argument>: expected <what>, got <what came>"``; shapes with their
+letters (``(B, Lq, D) with D=12``), dtypes as numpy prints them, parameters
+by dotted path (``params.layers.1.ffn.w_1``), dropout sites by key
+(``dropout_masks[1]["ffn"]``). ``ValueError`` for shapes and values,
+``TypeError`` for dtypes and for an argument of the wrong kind. Sizes: a
+batch or length axis (``B``, ``H``, ``L``, ``Lq``, ``Lk``, ``max_len``) may
+be 0; a width (:data:`~numpy_ref._contract.tables.WIDTHS`) may not.
 """
 from __future__ import annotations
 
@@ -26,62 +29,9 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = [
-    "MHA_KEYS", "ADDITIVE_KEYS", "LAYER_NORM_KEYS", "FEED_FORWARD_KEYS", "LAYER_KEYS",
-    "ENCODER_KEYS", "DROPOUT_SITES", "ACTIVATIONS", "WIDTHS", "CELL_KEYS", "SEQ2SEQ_KEYS",
-    "DECODER_LAYER_KEYS", "DECODER_DROPOUT_SITES", "TRANSFORMER_KEYS", "TRANSFORMER_DROPOUT_SITES",
-    "ALIGNS", "ROPE_CONVENTIONS", "ArrayRules", "shape_str", "rng_error",
-]
+from .tables import WIDTHS
 
-# --------------------------------------------------------------------------
-# the tables: parameter keys, dropout sites, activations, shape letters
-
-MHA_KEYS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
-ADDITIVE_KEYS = ("w_1", "w_2", "v")
-LAYER_NORM_KEYS = ("gamma", "beta")
-FEED_FORWARD_KEYS = ("w_1", "b_1", "w_2", "b_2")
-LAYER_KEYS = ("self_attn", "ffn", "norm1", "norm2")
-ENCODER_KEYS = ("layers",)  # and "norm", optional
-DROPOUT_SITES = ("attention", "ffn", "residual_attn", "residual_ffn")
-ACTIVATIONS = ("relu", "gelu")
-CELL_KEYS = ("w_ih", "w_hh", "b_ih", "b_hh")  # an RNN or GRU cell
-SEQ2SEQ_KEYS = ("src_embed", "tgt_embed", "encoder", "decoder", "out")  # and "attention", with attention
-DECODER_LAYER_KEYS = ("self_attn", "cross_attn", "ffn", "norm1", "norm2", "norm3")
-#: the decoder layer's keep-mask sites: the encoder's four, and the cross-attention's two
-DECODER_DROPOUT_SITES = ("attention", "cross_attention", "ffn", "residual_attn", "residual_cross",
-                         "residual_ffn")
-TRANSFORMER_KEYS = ("src_embed", "tgt_embed", "encoder", "decoder", "out")
-#: the transformer's dropout_masks keys: the two embedding sums, and each stack's list
-TRANSFORMER_DROPOUT_SITES = ("src_embed", "tgt_embed", "encoder", "decoder")
-#: where a causal mask puts the last query when Lq != Lk (SPEC 3.2)
-ALIGNS = ("top_left", "bottom_right")
-#: the two rotary-embedding pairings (SPEC 3.23): ``x[i]`` with ``x[i + Dh/2]``
-#: (GPT-NeoX, Hugging Face ``rotate_half``) or ``x[2i]`` with ``x[2i + 1]`` (GPT-J, Meta)
-ROPE_CONVENTIONS = ("half", "interleaved")
-
-#: shape letters of widths: never 0 (a batch or length axis may be)
-WIDTHS = frozenset({"D", "Dk", "Dv", "Dq", "Dh", "Dkv", "A", "F", "D_in", "D_out",
-                    "I", "Hs", "3Hs", "2Hs", "E", "E+Hs", "Vs", "Vt", "V"})
-
-_MHA = {k: ("D", "D") if k.startswith("w") else ("D",) for k in MHA_KEYS}
-#: grouped-query attention: the key and value projections are ``Hkv`` heads wide
-_MHA_GQA = {**_MHA, "w_k": ("D", "Dkv"), "b_k": ("Dkv",), "w_v": ("D", "Dkv"), "b_v": ("Dkv",)}
-_FFN = {"w_1": ("D", "F"), "b_1": ("F",), "w_2": ("F", "D"), "b_2": ("D",)}
-_NORM = {"gamma": ("D",), "beta": ("D",)}
-_ADDITIVE = {"w_1": ("Dk", "A"), "w_2": ("Dq", "A"), "v": ("A",)}
-#: a recurrent cell, G = Hs (RNN) or 3Hs (GRU: the gates [r | z | n] side by side)
-_CELL = {"w_hh": ("Hs", "G"), "w_ih": ("I", "G"), "b_ih": ("G",), "b_hh": ("G",)}
-_EMBED = {"src_embed": ("Vs", "E"), "tgt_embed": ("Vt", "E")}
-_OUT = {"w": ("2Hs", "Vt"), "b": ("Vt",)}
-_BAHDANAU = {"w_1": ("Hs", "A"), "w_2": ("Hs", "A"), "v": ("A",)}  # additive attention, Dk = Dq = Hs
-#: the blocks of one layer and their leaf tables
-_ENCODER_BLOCKS = {"self_attn": _MHA, "ffn": _FFN, "norm1": _NORM, "norm2": _NORM}
-_DECODER_BLOCKS = {"self_attn": _MHA, "cross_attn": _MHA, "ffn": _FFN, "norm1": _NORM, "norm2": _NORM,
-                   "norm3": _NORM}
-_TOKEN_EMBED = {"src_embed": ("Vs", "D"), "tgt_embed": ("Vt", "D")}
-_PROJECTION = {"w": ("D", "Vt"), "b": ("Vt",)}
-_TIED_PROJECTION = {"b": ("Vt",)}  # logits = y @ tgt_embedᵀ + b
-
+__all__ = ["ArrayRules", "shape_str", "dtype_str", "rng_error"]
 
 # --------------------------------------------------------------------------
 # how things print
@@ -100,7 +50,7 @@ def _spec(letters, sizes=None) -> str:
     return text
 
 
-def _dtype_str(x) -> str:
+def dtype_str(x) -> str:
     """A dtype as numpy prints it in every backend (``float32``, not ``torch.float32``)."""
     return str(x.dtype).removeprefix("torch.")
 
@@ -160,7 +110,7 @@ def _is_int(value) -> bool:
 
 
 class ArrayRules:
-    """The rules for one argument, bound to one mirror's arrays (hooks: see ``checks.py``)."""
+    """The rules for one argument, bound to one mirror's arrays (hooks: see ``rules/__init__.py``)."""
 
     def __init__(self, kind: Callable, is_array: Callable, array_name: str, *,
                  device: Callable | None = None, is_concrete: Callable = lambda x: True):
@@ -189,19 +139,19 @@ class ArrayRules:
     def float_(self, x, name: str) -> None:
         """TypeError unless ``x`` has a floating dtype."""
         if self.kind(x) != "float":
-            raise TypeError(f"{name}: expected a floating-point array, got dtype {_dtype_str(x)}")
+            raise TypeError(f"{name}: expected a floating-point array, got dtype {dtype_str(x)}")
 
     def bool_(self, x, name: str) -> None:
         """TypeError unless ``x`` is boolean (masks are never cast silently)."""
         if self.kind(x) != "bool":
             raise TypeError(
-                f"{name}: expected a boolean array (True = attend / keep), got dtype {_dtype_str(x)}"
+                f"{name}: expected a boolean array (True = attend / keep), got dtype {dtype_str(x)}"
             )
 
     def int_(self, x, name: str) -> None:
         """TypeError unless ``x`` has an integer dtype."""
         if self.kind(x) != "int":
-            raise TypeError(f"{name}: expected an integer array, got dtype {_dtype_str(x)}")
+            raise TypeError(f"{name}: expected an integer array, got dtype {dtype_str(x)}")
 
     def same_float_dtype(self, arrays: dict) -> None:
         """Every array is floating and all share one dtype (no silent promotion);
@@ -215,8 +165,8 @@ class ArrayRules:
                 first_name, first = name, x
             elif x.dtype != first.dtype:
                 raise TypeError(
-                    f"{name}: expected dtype {_dtype_str(first)} (the dtype of {first_name}), "
-                    f"got {_dtype_str(x)}"
+                    f"{name}: expected dtype {dtype_str(first)} (the dtype of {first_name}), "
+                    f"got {dtype_str(x)}"
                 )
 
     def same_device(self, x, name: str, ref, ref_name: str) -> None:
@@ -395,3 +345,27 @@ class ArrayRules:
             self.shape(x, name, letters, {k: sizes[k] for k in letters if k in sizes})
             sizes.update(zip(letters, (int(n) for n in x.shape)))
         return sizes
+
+
+# --------------------------------------------------------------------------
+# helpers of several per-function rules (rules/)
+
+
+def _pair(d_out, what: str):
+    """``d_out`` or a pair ``(d_out, second)``: ``(d_out, second or None)``; another length is a ValueError."""
+    if not isinstance(d_out, (tuple, list)):
+        return d_out, None
+    if len(d_out) != 2:
+        raise ValueError(f"d_out: expected an array or a pair {what}, "
+                         f"got a {type(d_out).__name__} of length {len(d_out)}")
+    return d_out[0], d_out[1]
+
+
+def _spec_str(letters) -> str:
+    return _spec(letters, {})
+
+
+def _describe(dtype_and_shape) -> str:
+    """``("float64", (2, 3, 8, 4))`` -> ``"dtype float64, shape (2, 3, 8, 4)"``."""
+    dtype, shape = dtype_and_shape
+    return f"dtype {dtype}, shape {shape_str(shape)}"
