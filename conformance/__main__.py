@@ -35,7 +35,8 @@ from .fixtures import DEFAULT_DIR, ManifestError
 from .report import (DTYPE_ORDER, Progress, coverage_lines, difference_lines, failures, format_table,
                      peer_markdown, verdict_lines, write_json, write_junit)
 from .parallel import auto_jobs, run_parallel
-from .runner import coverage_problems, difference_problems, load_all, parse_select, run
+from .runner import coverage_problems, difference_problems, load_all, run
+from .select import parse_select
 
 __all__ = ["main"]
 

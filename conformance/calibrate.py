@@ -143,7 +143,7 @@ def _counts(row, recipe) -> bool:
         return True
     if row["dtype"] != "float16" or row["backend"] not in recipe:
         return False
-    from .cases import CASES_BY_NAME
+    from .catalog import CASES_BY_NAME
 
     case = CASES_BY_NAME.get(row["case"])
     return not (row.get("kind") == "grad" and case is not None and case.function in ACROSS_STEPS)

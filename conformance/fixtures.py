@@ -58,6 +58,8 @@ from pathlib import Path
 import numpy as np
 
 from .protocol import Call
+from .tolerances import CLASSES
+from .vocabulary import CASE_NAME, MAX_NAME_LENGTH, REFERENCE_DTYPES, component as _component
 
 __all__ = [
     "FORMAT", "REFERENCE_DTYPES", "DEFAULT_DIR", "MAX_FILE_BYTES", "MAX_ARRAY_BYTES",
@@ -66,8 +68,6 @@ __all__ = [
 ]
 
 FORMAT = 2
-#: the dtypes whose reference error each value case stores (format 2)
-REFERENCE_DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_DIR = Path(__file__).parent / "fixtures"
 
 #: Largest fixture or manifest file read, in bytes. The committed files are
@@ -78,13 +78,10 @@ MAX_FILE_BYTES = 64 * 2**20
 #: headers, checked before decompressing (a zip bomb is refused unread).
 MAX_ARRAY_BYTES = 64 * 2**20
 
-#: case names: ``component/variant[/...]``, lower case, as in the catalog
-_NAME = re.compile(r"[a-z][a-z0-9_]*(/[a-z0-9][a-z0-9_.+-]*)+")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _FLAT = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 _FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*\.npz")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_MAX_NAME = 200
 #: dtypes an input array may have; no object, string, structured or void dtype
 _IN_DTYPES = frozenset({
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -255,7 +252,7 @@ def _string(entry: dict, field: str, pattern: re.Pattern | None = None, what: st
     value = entry[field]
     if not isinstance(value, str):
         raise _Bad(field, f"must be a string, got {_kind(value)}")
-    if pattern is not None and (len(value) > _MAX_NAME or not pattern.fullmatch(value)):
+    if pattern is not None and (len(value) > MAX_NAME_LENGTH or not pattern.fullmatch(value)):
         raise _Bad(field, f"must be {what}, got {value[:80]!r}")
     return value
 
@@ -266,7 +263,7 @@ def _string_list(entry: dict, field: str, pattern: re.Pattern, what: str) -> lis
     value = entry[field]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise _Bad(field, f"must be a list of strings, got {_kind(value)}")
-    bad = [v for v in value if len(v) > _MAX_NAME or not pattern.fullmatch(v)]
+    bad = [v for v in value if len(v) > MAX_NAME_LENGTH or not pattern.fullmatch(v)]
     if bad:
         raise _Bad(field, f"must hold {what}, got {bad[0][:80]!r}")
     if len(set(value)) != len(value):
@@ -304,7 +301,7 @@ def _check_file_name(entry: dict) -> str:
         raise _Bad("file", f"must be a bare file name, got a path {value[:80]!r}")
     if os.path.isabs(value) or value in (".", "..") or value.startswith(".."):
         raise _Bad("file", f"must be a bare file name, got {value[:80]!r}")
-    if len(value) > _MAX_NAME or not _FILE.fullmatch(value):
+    if len(value) > MAX_NAME_LENGTH or not _FILE.fullmatch(value):
         raise _Bad("file", f"must be a .npz name of letters, digits and _.+-, got {value[:80]!r}")
     return value
 
@@ -319,12 +316,10 @@ def _validate(entry) -> tuple[dict, list]:
     Raises:
       _Bad: naming the first wrong field.
     """
-    from .tolerances import CLASSES
-
-    name = _string(entry, "name", _NAME, "a case name like 'component/variant' (a-z 0-9 _ . + -)")
+    name = _string(entry, "name", CASE_NAME, "a case name like 'component/variant' (a-z 0-9 _ . + -)")
     component = _string(entry, "component")
-    if component != name.split("/", 1)[0]:
-        raise _Bad("component", f"is {component[:80]!r}, the name says {name.split('/', 1)[0]!r}")
+    if component != _component(name):
+        raise _Bad("component", f"is {component[:80]!r}, the name says {_component(name)!r}")
     _string(entry, "function", _IDENT, "a Python identifier")
     _string(entry, "module", _IDENT, "a Python identifier")
     tolerance = _string(entry, "tolerance")
@@ -557,7 +552,7 @@ def load_manifest(directory: Path | str = DEFAULT_DIR) -> dict:
             _validate(entry)
         except _Bad as exc:
             name = entry.get("name")
-            if isinstance(name, str) and len(name) <= _MAX_NAME and _NAME.fullmatch(name) and name not in seen:
+            if isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and CASE_NAME.fullmatch(name) and name not in seen:
                 label = name
                 seen.add(name)
             cases.append(_Invalid(label, f"{label}: {exc}"))
@@ -606,7 +601,7 @@ def load_fixture(entry: dict, directory: Path | str = DEFAULT_DIR) -> Fixture:
     if not isinstance(entry, dict):
         raise FixtureError(f"<unnamed>: manifest entry is {_kind(entry)}, expected an object")
     name = entry.get("name")
-    name = name if isinstance(name, str) and len(name) <= _MAX_NAME and _NAME.fullmatch(name) else "<unnamed>"
+    name = name if isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and CASE_NAME.fullmatch(name) else "<unnamed>"
     try:
         refs, wrt = _validate(entry)
     except _Bad as exc:

@@ -19,11 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from .fixtures import (  # the format, and the readers' own checks, shared with the writer
-    _MAX_NAME, _NAME, DEFAULT_DIR, FORMAT, REFERENCE_DTYPES, FixtureError, _Bad, _check_file_name,
+    DEFAULT_DIR, FORMAT, REFERENCE_DTYPES, FixtureError, _Bad, _check_file_name,
     _npz_bytes, _read_capped, _read_npz, _Refused, _sections, _write_atomic, case_file, save_npz,
     skeleton, spec_version,
 )
-from .protocol import FLOAT32_OUTPUTS, flatten, output_names
+from .protocol import flatten
+from .vocabulary import CASE_NAME, FLOAT32_OUTPUTS, MAX_NAME_LENGTH, component, output_names
 
 __all__ = [
     "NOISE_RTOL", "REFERENCE_NOISE", "FolderError", "GenerateReport",
@@ -88,7 +89,7 @@ def build_fixture(case, reference_dtypes=REFERENCE_DTYPES) -> tuple[dict, dict]:
     call = case.call()
     entry = {
         "name": case.name,
-        "component": case.name.split("/", 1)[0],
+        "component": component(case.name),
         "function": case.function,
         "module": case.module,
         "tolerance": case.tolerance,
@@ -418,7 +419,7 @@ def generate(directory: Path | str = DEFAULT_DIR, cases=None, check: bool = Fals
     Args:
       directory: the fixture folder; created if missing (not with ``check``).
         It must be new, empty, or hold a ``manifest.json`` of ours.
-      cases: the catalog to write, default ``conformance.cases.CASES``.
+      cases: the catalog to write, default ``conformance.catalog.CASES``.
       check: write nothing; only report what would change.
 
     Returns:
@@ -431,7 +432,7 @@ def generate(directory: Path | str = DEFAULT_DIR, cases=None, check: bool = Fals
         (a user's own file); nothing was written.
       RuntimeError: numpy_ref does not behave as a case says; nothing written.
     """
-    from .cases import CASES
+    from .catalog import CASES
 
     directory = Path(directory)
     old = _owned_manifest(directory)
@@ -502,7 +503,7 @@ def generate(directory: Path | str = DEFAULT_DIR, cases=None, check: bool = Fals
     names = {e["name"] for e in entries}
     files = {e["file"] for e in entries}
     for name in sorted(n for n in old_entries if n not in names):
-        shown = name if len(name) <= _MAX_NAME and _NAME.fullmatch(name) else ascii(name[:80])
+        shown = name if len(name) <= MAX_NAME_LENGTH and CASE_NAME.fullmatch(name) else ascii(name[:80])
         report.changes.append(f"stale {shown}: no longer a case")
     for label in nameless:
         report.changes.append(f"stale {label}: a manifest entry without a name")

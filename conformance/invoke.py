@@ -1,31 +1,28 @@
 """Small helpers for adapters: turning a :class:`Call` into a Python call.
 
 The catalog passes every argument by name, with two conventions (see
-``conformance.cases``): the varargs of ``combine_masks`` come as a list under
+``conformance.catalog``): the varargs of ``combine_masks`` come as a list under
 ``kwargs["masks"]``, and functions with a ``dtype`` argument get the string
 ``"float64"``, which an adapter replaces with the dtype it runs in.
 """
 from __future__ import annotations
 
-from .protocol import Call, flatten, map_arrays, output_names
+from .protocol import Call, flatten, map_arrays
+from .vocabulary import FUNCTIONS, VARARGS, output_names
 
 __all__ = [
     "VARARGS", "split_args", "cast_floats", "with_dtype", "name_outputs",
     "numpy_forward", "numpy_backward", "devices_needed",
 ]
 
-#: functions taking ``*name``: their arguments come as a list under ``kwargs[name]``
-VARARGS = {"combine_masks": "masks"}
-
-
 def devices_needed(call: Call) -> int:
     """The devices a sharded case runs on (docs/SPEC.md 3.24): ``ring_attention``'s
     ``num_shards``, ``sharded_attention``'s ``batch_shards * head_shards``; 1 otherwise
     (and for a bad count, which the function itself must refuse)."""
     kw = call.kwargs
-    counts = {"ring_attention": ("num_shards",), "sharded_attention": ("batch_shards", "head_shards")}
+    function = FUNCTIONS.get(call.function)
     need = 1
-    for name in counts.get(call.function, ()):
+    for name in function.device_counts if function is not None else ():
         value = kw.get(name, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             return 1

@@ -50,31 +50,9 @@ import numpy as np
 # the parameter-tree helpers of the three mirrors, written once (pure Python)
 from numpy_ref.trees import flatten, tree_map  # noqa: F401  (flatten: part of this module's API)
 
-#: Output names per function. Functions not listed return one array, "out".
-OUTPUTS = {
-    "softmax": ("out",),
-    "scaled_dot_product_attention": ("out", "weights"),
-    "additive_attention": ("out", "weights"),
-    "multi_head_attention": ("out", "weights"),
-    "blockwise_attention": ("out", "lse"),
-    "merge_attention": ("out", "lse"),
-    "ring_attention": ("out", "lse"),
-    "rnn": ("out", "h_n"),
-    "gru": ("out", "h_n"),
-    "attention_seq2seq": ("out", "weights"),
-    "attention_seq2seq_greedy": ("out", "weights"),
-}
-
-
-#: outputs that stay float32 when the inputs are float16/bfloat16, as
-#: FlashAttention's: a log-sum-exp rounded to 8 bits would move every
-#: ``exp(s - lse)`` the backward rebuilds from it by up to 1%
-FLOAT32_OUTPUTS = frozenset({("blockwise_attention", "lse"), ("merge_attention", "lse"),
-                             ("ring_attention", "lse")})
-
-
-def output_names(function: str) -> tuple[str, ...]:
-    return OUTPUTS.get(function, ("out",))
+from .select import matches
+# what each function returns, by name: part of this module's API for adapters
+from .vocabulary import FLOAT32_OUTPUTS, OUTPUTS, output_names  # noqa: F401
 
 
 @dataclasses.dataclass
@@ -137,7 +115,7 @@ class Difference:
         something else (the README's peer table shows it).
       cases: which cases it affects, a ``-k`` expression over case names
         (``"sdpa/cross/fully-masked or mha/cross/mask_to_bias"``, see
-        ``conformance.runner.parse_select``).
+        ``conformance.select.parse_select``).
       checks: which checks of those cases it excuses: ``"all"``,
         ``"outputs"``, ``"gradients"``, or check names ``"output:<name>"`` /
         ``"grad:<name>"`` (``"output:weights"``, ``"grad:q"``), where the
@@ -170,8 +148,6 @@ class Difference:
 
     def applies_to(self, case: str, dtype: str | None) -> bool:
         """True iff this declaration covers the case ``case`` run in ``dtype``."""
-        from .runner import matches
-
         if dtype is None or (self.dtypes is not None and dtype not in self.dtypes):
             return False
         return matches(self.cases, case)

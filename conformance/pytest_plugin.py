@@ -22,6 +22,8 @@ from itertools import groupby
 
 import pytest
 
+from .vocabulary import DTYPES
+
 OPTION_HELP = {
     "backend": "run the attention conformance catalog on this backend: a built-in (numpy, torch, "
     "torch-fused, jax) or package.module:ClassName; repeatable",
@@ -37,7 +39,7 @@ def pytest_addoption(parser):
     group.addoption("--attention-backend", action="append", default=[], metavar="NAME",
                     help=OPTION_HELP["backend"])
     group.addoption("--attention-dtype", action="append", default=None, metavar="DTYPE",
-                    choices=("float64", "float32", "bfloat16", "float16"), help=OPTION_HELP["dtype"])
+                    choices=DTYPES, help=OPTION_HELP["dtype"])
     group.addoption("--attention-device", default=None, metavar="DEV", help=OPTION_HELP["device"])
     group.addoption("--attention-fixtures", default=None, metavar="DIR", help=OPTION_HELP["fixtures"])
     group.addoption("--attention-require", action="append", default=[], metavar="COMPONENT",

@@ -25,14 +25,14 @@ import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from .cases import COMPONENTS
 from .runner import difference_status, verdict
 from .tolerances import ATOL_FLOOR, CLASSES, EPS, K, LOW_DTYPES, RTOL_FLOOR, TOLERANCES, ZERO_FACTOR
+from .vocabulary import COMPONENTS, DTYPES
 
 __all__ = ["Progress", "format_table", "failures", "coverage_lines", "verdict_lines", "difference_lines",
            "peer_markdown", "write_json", "write_junit"]
 
-DTYPE_ORDER = ("float64", "float32", "bfloat16", "float16")
+DTYPE_ORDER = DTYPES
 _SPECIAL = ("<setup>", "<teardown>")
 
 
@@ -440,7 +440,7 @@ def _md(text: str) -> str:
 
 
 def _function(case: str) -> str | None:
-    from .cases import CASES_BY_NAME
+    from .catalog import CASES_BY_NAME
 
     found = CASES_BY_NAME.get(case)
     return None if found is None else found.function

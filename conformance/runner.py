@@ -21,7 +21,6 @@ say which declarations occurred; one that did not fails the run.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from itertools import groupby
 from pathlib import Path
@@ -31,17 +30,16 @@ import numpy as np
 
 from .fixtures import DEFAULT_DIR, Fixture, FixtureError, load_fixture, load_manifest
 from .protocol import Backend
+from .select import matches, parse_select
 from .tolerances import bounds, describe, error_ratio, magnitude, max_error, zero_scale
+from .vocabulary import HALF_DTYPES, component
 
 __all__ = [
     "Outcome", "Broken", "Session", "load_all", "check_case", "check_error", "run", "run_pass",
-    "coverage_problems", "matches", "parse_select", "device_problem",
+    "coverage_problems", "device_problem",
     "classify", "difference_status", "difference_problems", "verdict",
 ]
 
-HALF = ("bfloat16", "float16")
-#: dtypes a backend may declare, in report order
-DTYPES = ("float64", "float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass
@@ -127,7 +125,7 @@ def load_all(directory: Path | str = DEFAULT_DIR, select: str | None = None):
         try:
             fixtures.append(load_fixture(entry, directory))
         except FixtureError as exc:
-            broken.append(Broken(name, name.split("/", 1)[0], str(exc)))
+            broken.append(Broken(name, component(name), str(exc)))
     return fixtures, broken
 
 
@@ -156,7 +154,7 @@ def _dtype_problem(got: np.ndarray, want: np.ndarray) -> str | None:
         return None if got.dtype == bool else f"dtype {got.dtype}, expected bool"
     if want.dtype.kind in "iu":
         return None if got.dtype.kind in "iu" else f"dtype {got.dtype}, expected an integer dtype"
-    if got.dtype.kind == "f" or got.dtype.name in HALF:
+    if got.dtype.kind == "f" or got.dtype.name in HALF_DTYPES:
         return None
     return f"dtype {got.dtype}, expected a floating dtype"
 
@@ -560,89 +558,6 @@ def coverage_problems(
                 lines.append(f"FAIL backend {b.name}: --require {comp}: {len(missing)} case runs "
                              f"not covered: {', '.join(missing[:3])}{more}")
     return list(dict.fromkeys(lines))
-
-
-# --------------------------------------------------------------------------
-# -k expressions
-
-_TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
-
-
-def parse_select(expr: str) -> Callable[[str], bool]:
-    """A predicate on case names from a pytest-style ``-k`` expression.
-
-    Substrings joined by ``and``/``or``/``not`` and parentheses; a bare word
-    matches when it is a substring of the name.
-
-    Raises:
-      ValueError: ``"-k: ..."`` naming what is wrong with the expression.
-    """
-    tokens = _TOKEN.findall(expr)
-    if not tokens:
-        raise ValueError(f"-k: empty expression {expr!r}")
-    pos = 0
-
-    def peek():
-        return tokens[pos] if pos < len(tokens) else None
-
-    def take():
-        nonlocal pos
-        pos += 1
-        return tokens[pos - 1]
-
-    def fail(what):
-        raise ValueError(f"-k: {what} in {expr!r}")
-
-    def parse_or():
-        terms = [parse_and()]
-        while peek() == "or":
-            take()
-            terms.append(parse_and())
-        return lambda n: any(t(n) for t in terms)
-
-    def parse_and():
-        terms = [parse_not()]
-        while peek() == "and":
-            take()
-            terms.append(parse_not())
-        return lambda n: all(t(n) for t in terms)
-
-    def parse_not():
-        if peek() == "not":
-            take()
-            inner = parse_not()
-            return lambda n: not inner(n)
-        return parse_atom()
-
-    def parse_atom():
-        token = peek()
-        if token is None:
-            fail("expression ends early")
-        if token == "(":
-            take()
-            inner = parse_or()
-            if peek() != ")":
-                fail("missing ')'")
-            take()
-            return inner
-        if token in (")", "and", "or"):
-            fail(f"unexpected {token!r}")
-        take()
-        return lambda n, word=token: word in n
-
-    predicate = parse_or()
-    if pos != len(tokens):
-        fail(f"unexpected {tokens[pos]!r} (join words with and/or)")
-    return predicate
-
-
-def matches(expr: str, name: str) -> bool:
-    """pytest-style ``-k``: substrings joined by ``and``/``or``/``not`` and parentheses.
-
-    >>> matches("mha and not cross", "mha/self/causal")
-    True
-    """
-    return parse_select(expr)(name)
 
 
 # --------------------------------------------------------------------------

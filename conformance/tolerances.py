@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .vocabulary import REFERENCE_DTYPES
+
 __all__ = [
     "TOLERANCES", "K", "EPS", "RTOL_FLOOR", "ATOL_FLOOR", "LOW_DTYPES", "CLASSES",
     "ZERO_FACTOR", "bounds", "magnitude", "credited", "zero_scale", "tolerance", "error_ratio", "max_error", "describe",
@@ -52,7 +54,7 @@ TOLERANCES = {
 }
 
 #: the dtypes judged against a multiple of the reference's own error
-LOW_DTYPES = ("float32", "bfloat16", "float16")
+LOW_DTYPES = REFERENCE_DTYPES
 
 #: machine epsilon (the spacing of the numbers just above 1) of each low dtype
 EPS = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}

@@ -5,7 +5,7 @@ heads H=3, head width Dh=4, query length Lq=5, value width Dv=6, key length
 Lk=7, additive attention width A=8, query and key widths of additive
 attention Dq=9 and Dk=11, model width D = H * Dh = 12, feed-forward width
 F=20, a positional table of MAX_LEN=13 rows. The catalog cases
-(``conformance.cases``) use the same sizes where they overlap (SPEC section 4).
+(``conformance.catalog``) use the same sizes where they overlap (SPEC section 4).
 
 ``from tests.dims import B, H, LQ, LK`` in a test module.
 """

@@ -1,7 +1,7 @@
 """The catalog's poison cases and their clean twins, for the three packages'
 tests of SPEC 3.4a (positions no query may attend are never read).
 
-``POISON`` are the ``*/poison/*`` cases of ``conformance.cases`` (but the
+``POISON`` are the ``*/poison/*`` cases of ``conformance.catalog`` (but the
 forward-only ``plus-inf`` ones): NaN and ±inf
 in the key and value rows that no query may attend, and in bias entries the
 mask removes. ``clean_twin(kwargs, rng)`` is the same call with every
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.cases import CASES
+from conformance.catalog import CASES
 
 #: (the forward-only ``*/poison/plus-inf-*`` cases hold a *valid* +inf too, which makes its
 #: row NaN by rule, SPEC 3.3: tests/test_plus_inf.py checks them, the catalog judges them)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 
 from ..protocol import Backend
+from ..vocabulary import DTYPES
 
 __all__ = ["BUILTINS", "PEERS", "Unavailable", "load", "load_class", "declaration_problem"]
 
@@ -101,9 +102,6 @@ def load_class(spec: str) -> type[Backend]:
     return cls
 
 
-DTYPES = ("float64", "float32", "bfloat16", "float16")
-
-
 def declaration_problem(cls) -> str | None:
     """What is wrong with a Backend class's declared capabilities, or None."""
     name, dtypes, devices = cls.name, cls.dtypes, cls.devices
@@ -125,8 +123,9 @@ def differences_problem(cls) -> str | None:
     """What is wrong with a Backend class's ``differences``, or None (see ``protocol.Difference``)."""
     from fnmatch import fnmatchcase
 
-    from ..protocol import CHECK_ALIASES, OUTPUTS, Difference
-    from ..runner import parse_select
+    from ..protocol import CHECK_ALIASES, Difference
+    from ..vocabulary import OUTPUTS
+    from ..select import parse_select
 
     diffs = getattr(cls, "differences", ())
     if isinstance(diffs, (str, Difference)) or not isinstance(diffs, (tuple, list)):

@@ -91,6 +91,7 @@ import sys
 import numpy as np
 
 from ..protocol import Call, Difference, Result
+from ..vocabulary import DTYPES
 from .jax_backend import JaxBackend, _put
 from .peers import _as_float64, _from_blhd, _no_dropout, _one_head, _reads_unread_keys, _to_blhd
 
@@ -412,7 +413,7 @@ class FlaxNnxMhaPeer(_JaxLibraryPeer):
     builtin = "flax.nnx.MultiHeadAttention"
     requires = ("jax", "flax")
     function = "multi_head_attention"
-    dtypes = ("float64", "float32", "bfloat16", "float16")
+    dtypes = DTYPES
     conventions = ("kernels `(D, H, Dh)`, out `(H, Dh, D)`: `catalog_to_nnx`, differentiated through",
                    "mask: `True` = attend, as here, broadcast to `(B, H, Lq, Lk)`",
                    "weights: `sow_weights=True` (the `nnx.Intermediate` it sows; its own weights path)",
@@ -610,7 +611,7 @@ class KerasMhaPeer(_JaxLibraryPeer):
     builtin = "keras.layers.MultiHeadAttention"
     requires = ("jax", "keras")
     function = "multi_head_attention"
-    dtypes = ("float64", "float32", "bfloat16", "float16")
+    dtypes = DTYPES
     conventions = ("JAX backend, `stateless_call` with the case's variables (`catalog_to_keras`: "
                    "EinsumDense kernels `(D, H, Dh)`, output `(H, Dh, D)`)",
                    "call order `(query, value, key)`; `return_attention_scores=True` for the weights "
@@ -687,7 +688,7 @@ class EquinoxMhaPeer(_JaxLibraryPeer):
     builtin = "equinox.nn.MultiheadAttention"
     requires = ("jax", "equinox")
     function = "multi_head_attention"
-    dtypes = ("float64", "float32", "bfloat16", "float16")
+    dtypes = DTYPES
     conventions = ("one example at a time: `jax.vmap` over the batch",
                    "`Linear.weight` `(out, in)`: `catalog_to_equinox`, set by `eqx.tree_at`",
                    "mask: `True` = attend, as here, `(Lq, Lk)` or per head `(H, Lq, Lk)`",

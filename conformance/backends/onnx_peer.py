@@ -53,6 +53,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..protocol import Backend, Call, Difference, Result
+from ..vocabulary import DTYPES
 
 __all__ = ["OnnxAttentionPeer"]
 
@@ -66,7 +67,7 @@ class OnnxAttentionPeer(Backend):
     name = "onnx-attention"
     builtin = "onnx Attention (opset 23), onnx.reference.ReferenceEvaluator"
     requires = ("onnx",)
-    dtypes = ("float64", "float32", "bfloat16", "float16")
+    dtypes = DTYPES
     gradients = False  # an operator definition run forward; the reference has no backward
     errors = False  # the reference validates little of the contract's bad input
     conventions = ("layout `(B, H, L, Dh)`, as here (rank 3: one head); fewer k/v heads: its own GQA",

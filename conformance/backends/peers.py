@@ -55,6 +55,7 @@ import functools
 import numpy as np
 
 from ..protocol import Call, Difference, Result, get_path
+from ..vocabulary import DTYPES
 from .jax_backend import JaxBackend
 from .torch_backend import TorchBackend, _to_numpy
 
@@ -95,7 +96,7 @@ class _TorchPeer(TorchBackend):
     gradients by autograd of ``sum(out * cot_out) [+ sum(weights * cot_weights)]``."""
 
     errors = False
-    dtypes = ("float64", "float32", "bfloat16", "float16")
+    dtypes = DTYPES
     #: the one function this peer runs
     function = ""
     #: what it runs (README's table)

@@ -23,12 +23,17 @@ to its built-in. Writes a table to stdout, progress to stderr, a JSON file
 and (with matplotlib, the ``bench`` extra) a PNG. See docs/BENCHMARKS.md.
 
 Modules (``cases`` and ``report`` are the benchmark's own, not
-``conformance.cases`` or ``conformance.report``):
+``conformance.catalog`` or ``conformance.report``):
 
 - ``cli``: the command line and the interleaved timing loop (``main``).
 - ``cases``: what is timed: shape presets, FLOP counts, inputs, and the
   implementations of each operation with the built-in each is compared to.
-- ``runners``: one runner per implementation, and its peak memory.
+- ``layer_runners``, ``decode_runners``, ``blockwise_runners``,
+  ``library_runners``: one runner per implementation, by operation (the
+  layers; one decoding step; long-sequence attention; the library layers).
+- ``runner_base`` (what a runner is given and returns, ``Skip``, the timing
+  of a call), ``frameworks`` (a torch or JAX forward as a runner),
+  ``peak_memory`` (a call's peak memory per framework): what they share.
 - ``machine``: the float32 matmul peak and the report's header.
 - ``report``: the terminal tables and the PNG plots (``bench.png``,
   ``bench_decode.png`` for the decode presets, ``bench_blockwise.png`` for

@@ -43,12 +43,12 @@ import dataclasses
 
 import numpy as np
 
-from . import runners
+from . import blockwise_runners, decode_runners, layer_runners, library_runners
 
 OPS = ("sdpa", "mha", "encoder_layer", "decoder_layer")
 # the library layers' operations: what the ``libraries`` presets run (and
 # ``--op`` may name on any op preset); the value is the RoPE pairing
-LIBRARY_OPS = runners.LIBRARY_ROPE
+LIBRARY_OPS = library_runners.LIBRARY_ROPE
 OP_TITLES = {
     "blockwise": "long-sequence attention, forward+backward: dense vs blockwise vs the built-ins",
     "sdpa": "scaled dot-product attention",
@@ -420,7 +420,7 @@ class Impl:
     name: str
     framework: str
     kind: str
-    prepare: object  # (Problem, mode) -> runners.Runner; raises Skip
+    prepare: object  # (Problem, mode) -> runner_base.Runner; raises Skip
     baseline: str | None = None
     note: str = ""
     dense: str | None = None  # blockwise: the same framework's dense attention
@@ -448,93 +448,96 @@ HF_NOTE = ("the library's layer / the mirror; (cos, sin) from LlamaRotaryEmbeddi
 
 IMPLS = {
     "sdpa": (
-        Impl("numpy_ref", "numpy", "mirror", runners.numpy_ref, F_SDPA, INFORMATIVE),
-        Impl("torch_impl[math]", "torch", "mirror", runners.torch_impl("math"), F_SDPA,
+        Impl("numpy_ref", "numpy", "mirror", layer_runners.numpy_ref, F_SDPA, INFORMATIVE),
+        Impl("torch_impl[math]", "torch", "mirror", layer_runners.torch_impl("math"), F_SDPA,
              "the mirror also returns the weights; the built-in does not"),
-        Impl("torch_impl[fused]", "torch", "mirror", runners.torch_impl("fused"), F_SDPA),
-        Impl("jax_impl", "jax", "mirror", runners.jax_impl, JAX_DPA),
-        Impl(F_SDPA, "torch", "builtin", runners.torch_sdpa),
-        Impl(JAX_DPA, "jax", "builtin", runners.jax_dpa),
+        Impl("torch_impl[fused]", "torch", "mirror", layer_runners.torch_impl("fused"), F_SDPA),
+        Impl("jax_impl", "jax", "mirror", layer_runners.jax_impl, JAX_DPA),
+        Impl(F_SDPA, "torch", "builtin", layer_runners.torch_sdpa),
+        Impl(JAX_DPA, "jax", "builtin", layer_runners.jax_dpa),
     ),
     "mha": (
-        Impl("numpy_ref", "numpy", "mirror", runners.numpy_ref, NN_MHA, INFORMATIVE),
-        Impl("torch_impl[math]", "torch", "mirror", runners.torch_impl("math"), NN_MHA_W),
-        Impl("torch_impl[fused]", "torch", "mirror", runners.torch_impl("fused"), NN_MHA),
-        Impl("jax_impl", "jax", "mirror", runners.jax_impl, JNP_REF,
+        Impl("numpy_ref", "numpy", "mirror", layer_runners.numpy_ref, NN_MHA, INFORMATIVE),
+        Impl("torch_impl[math]", "torch", "mirror", layer_runners.torch_impl("math"), NN_MHA_W),
+        Impl("torch_impl[fused]", "torch", "mirror", layer_runners.torch_impl("fused"), NN_MHA),
+        Impl("jax_impl", "jax", "mirror", layer_runners.jax_impl, JNP_REF,
              "JAX has no MHA built-in: vs plain jnp projections around jax.nn.dot_product_attention"),
-        Impl(NN_MHA_W, "torch", "builtin", runners.torch_mha(need_weights=True)),
-        Impl(NN_MHA, "torch", "builtin", runners.torch_mha(need_weights=False)),
-        Impl(JNP_REF, "jax", "reference", runners.jnp_reference),
+        Impl(NN_MHA_W, "torch", "builtin", layer_runners.torch_mha(need_weights=True)),
+        Impl(NN_MHA, "torch", "builtin", layer_runners.torch_mha(need_weights=False)),
+        Impl(JNP_REF, "jax", "reference", layer_runners.jnp_reference),
     ),
     "encoder_layer": (
-        Impl("numpy_ref", "numpy", "mirror", runners.numpy_ref, NN_TEL, INFORMATIVE),
-        Impl("torch_impl[math]", "torch", "mirror", runners.torch_impl("math"), NN_TEL,
+        Impl("numpy_ref", "numpy", "mirror", layer_runners.numpy_ref, NN_TEL, INFORMATIVE),
+        Impl("torch_impl[math]", "torch", "mirror", layer_runners.torch_impl("math"), NN_TEL,
              "nn.TransformerEncoderLayer never returns weights (need_weights=False inside)"),
-        Impl("torch_impl[fused]", "torch", "mirror", runners.torch_impl("fused"), NN_TEL),
-        Impl("jax_impl", "jax", "mirror", runners.jax_impl, JNP_REF,
+        Impl("torch_impl[fused]", "torch", "mirror", layer_runners.torch_impl("fused"), NN_TEL),
+        Impl("jax_impl", "jax", "mirror", layer_runners.jax_impl, JNP_REF,
              "JAX has no encoder-layer built-in: vs a plain jnp layer around jax.nn.dot_product_attention"),
-        Impl(NN_TEL, "torch", "builtin", runners.torch_encoder_layer),
-        Impl(JNP_REF, "jax", "reference", runners.jnp_reference),
+        Impl(NN_TEL, "torch", "builtin", layer_runners.torch_encoder_layer),
+        Impl(JNP_REF, "jax", "reference", layer_runners.jnp_reference),
     ),
     "decoder_layer": (
-        Impl("numpy_ref", "numpy", "mirror", runners.numpy_ref, NN_TDL, INFORMATIVE),
-        Impl("torch_impl[math]", "torch", "mirror", runners.torch_impl("math"), NN_TDL,
+        Impl("numpy_ref", "numpy", "mirror", layer_runners.numpy_ref, NN_TDL, INFORMATIVE),
+        Impl("torch_impl[math]", "torch", "mirror", layer_runners.torch_impl("math"), NN_TDL,
              "the math path materialises both attentions' weights; the built-in never does"),
-        Impl("torch_impl[fused]", "torch", "mirror", runners.torch_impl("fused"), NN_TDL,
+        Impl("torch_impl[fused]", "torch", "mirror", layer_runners.torch_impl("fused"), NN_TDL,
              "the mirror passes the causal mask as a bool mask; "
              "the built-in gets tgt_is_causal=True"),
-        Impl("jax_impl", "jax", "mirror", runners.jax_impl, NN_TDL,
+        Impl("jax_impl", "jax", "mirror", layer_runners.jax_impl, NN_TDL,
              "cross-framework: JAX has no decoder-layer built-in"),
-        Impl(NN_TDL, "torch", "builtin", runners.torch_decoder_layer(is_causal=True)),
-        Impl(NN_TDL_MASK, "torch", "builtin", runners.torch_decoder_layer(is_causal=False), NN_TDL,
+        Impl(NN_TDL, "torch", "builtin", layer_runners.torch_decoder_layer(is_causal=True)),
+        Impl(NN_TDL_MASK, "torch", "builtin", layer_runners.torch_decoder_layer(is_causal=False),
+             NN_TDL,
              "the built-in without tgt_is_causal=True (the mask only, as the mirrors): "
              "what the causal hint is worth"),
     ),
     "decode": (
-        Impl("numpy_ref[cached]", "numpy", "mirror", runners.numpy_decode(cached=True)),
-        Impl("numpy_ref[recompute]", "numpy", "mirror", runners.numpy_decode(cached=False),
+        Impl("numpy_ref[cached]", "numpy", "mirror", decode_runners.numpy_decode(cached=True)),
+        Impl("numpy_ref[recompute]", "numpy", "mirror", decode_runners.numpy_decode(cached=False),
              "numpy_ref[cached]", RECOMPUTE),
-        Impl("torch_impl[cached]", "torch", "mirror", runners.torch_decode(cached=True)),
-        Impl("torch_impl[recompute]", "torch", "mirror", runners.torch_decode(cached=False),
+        Impl("torch_impl[cached]", "torch", "mirror", decode_runners.torch_decode(cached=True)),
+        Impl("torch_impl[recompute]", "torch", "mirror", decode_runners.torch_decode(cached=False),
              "torch_impl[cached]",
              RECOMPUTE + " (recompute on the fused path, need_weights=False)"),
-        Impl("jax_impl[cached]", "jax", "mirror", runners.jax_decode(cached=True)),
-        Impl("jax_impl[recompute]", "jax", "mirror", runners.jax_decode(cached=False),
+        Impl("jax_impl[cached]", "jax", "mirror", decode_runners.jax_decode(cached=True)),
+        Impl("jax_impl[recompute]", "jax", "mirror", decode_runners.jax_decode(cached=False),
              "jax_impl[cached]", RECOMPUTE + " (both jitted)"),
-        Impl(NN_TD, "torch", "builtin", runners.torch_decoder_stack, "torch_impl[cached]",
+        Impl(NN_TD, "torch", "builtin", decode_runners.torch_decoder_stack, "torch_impl[cached]",
              "the built-in has no cache: its full pass / torch_impl's cached step"),
     ),
     # long sequences, forward+backward; "vs dense" divides each blockwise
     # median by its own framework's dense one
     "blockwise": (
-        Impl("numpy_ref[dense]", "numpy", "mirror", runners.numpy_blockwise_dense, F_SDPA,
+        Impl("numpy_ref[dense]", "numpy", "mirror", blockwise_runners.numpy_blockwise_dense, F_SDPA,
              BW_NUMPY),
-        Impl("numpy_ref[blockwise]", "numpy", "mirror", runners.numpy_blockwise, F_SDPA,
+        Impl("numpy_ref[blockwise]", "numpy", "mirror", blockwise_runners.numpy_blockwise, F_SDPA,
              BW_NUMPY, dense="numpy_ref[dense]"),
-        Impl("torch_impl[dense]", "torch", "mirror", runners.torch_blockwise_dense, F_SDPA,
+        Impl("torch_impl[dense]", "torch", "mirror", blockwise_runners.torch_blockwise_dense,
+             F_SDPA,
              "the math path (need_weights=True): (L, L) weights built and saved for the backward"),
-        Impl("torch_impl[blockwise]", "torch", "mirror", runners.torch_blockwise, F_SDPA,
+        Impl("torch_impl[blockwise]", "torch", "mirror", blockwise_runners.torch_blockwise, F_SDPA,
              "the issue's goal: within 1.5x of the fused kernel", dense="torch_impl[dense]"),
-        Impl(F_SDPA, "torch", "builtin", runners.torch_sdpa_causal),
-        Impl("jax_impl[dense]", "jax", "mirror", runners.jax_blockwise_dense, JAX_DPA_PEER),
-        Impl("jax_impl[blockwise]", "jax", "mirror", runners.jax_blockwise, JAX_DPA_PEER,
+        Impl(F_SDPA, "torch", "builtin", blockwise_runners.torch_sdpa_causal),
+        Impl("jax_impl[dense]", "jax", "mirror", blockwise_runners.jax_blockwise_dense,
+             JAX_DPA_PEER),
+        Impl("jax_impl[blockwise]", "jax", "mirror", blockwise_runners.jax_blockwise, JAX_DPA_PEER,
              "fused only where JAX has a fused kernel (cuDNN on a GPU); "
              "on a CPU its XLA path is dense", dense="jax_impl[dense]"),
-        Impl(JAX_DPA_PEER, "jax", "builtin", runners.jax_dpa_causal),
+        Impl(JAX_DPA_PEER, "jax", "builtin", blockwise_runners.jax_dpa_causal),
     ),
     # the library layers: ratio = library / mirror (above 1: the library is slower)
     "mha_rope_causal": (
-        Impl("torch_impl[math]", "torch", "mirror", runners.torch_impl_causal("math")),
-        Impl("torch_impl[fused]", "torch", "mirror", runners.torch_impl_causal("fused")),
-        Impl(HF_EAGER, "torch", "library", runners.hf_llama("eager"), "torch_impl[math]",
+        Impl("torch_impl[math]", "torch", "mirror", library_runners.torch_impl_causal("math")),
+        Impl("torch_impl[fused]", "torch", "mirror", library_runners.torch_impl_causal("fused")),
+        Impl(HF_EAGER, "torch", "library", library_runners.hf_llama("eager"), "torch_impl[math]",
              HF_NOTE + "; both return the weights"),
-        Impl(HF_SDPA, "torch", "library", runners.hf_llama("sdpa"), "torch_impl[fused]",
+        Impl(HF_SDPA, "torch", "library", library_runners.hf_llama("sdpa"), "torch_impl[fused]",
              HF_NOTE + "; the library's mask for sdpa is None (is_causal=True), the mirror "
              "passes the bool mask"),
     ),
     "mha_causal": (
-        Impl("jax_impl", "jax", "mirror", runners.jax_impl_causal),
-        Impl(NNX_MHA, "jax", "library", runners.nnx_mha, "jax_impl",
+        Impl("jax_impl", "jax", "mirror", library_runners.jax_impl_causal),
+        Impl(NNX_MHA, "jax", "library", library_runners.nnx_mha, "jax_impl",
              "the library's layer / the mirror, both jitted; nnx.make_causal_mask inside"),
     ),
 }

@@ -25,7 +25,7 @@ from .cases import (BLOCK_DEFAULTS, BLOCKWISE_PRESETS, DECODE_PRESETS, DENSE_MAX
                     parse_mib, parse_per_framework, parse_shape)
 from .machine import header as machine_header, loadavg, measure_matmul_peak
 from .report import blockwise_goals, fmt_time, format_report, plot, plot_blockwise, plot_decode
-from .runners import Problem, Skip, time_calls
+from .runner_base import Problem, Skip, time_calls
 
 SCHEMA = 1
 DEFAULT_PRESETS = ("tutorial", "base", "long", "decode")

@@ -9,7 +9,7 @@ import platform
 
 import numpy as np
 
-from .runners import time_calls
+from .runner_base import time_calls
 
 
 def measure_matmul_peak(n, repeats, torch_device, jax_device, precision="highest"):
@@ -56,11 +56,11 @@ def header(argv, args, torch_device, jax_device):
         "command": " ".join(["python -m conformance bench", *argv]),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(), "platform": platform.platform(),
-        "loadavg_start": loadavg(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
-        "cpus_usable": _cpus_usable(), "cpu_simd": _cpu_simd(),
+        "loadavg_start": loadavg(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+        "cpus_usable": cpus_usable(), "cpu_simd": _cpu_simd(),
         "dtype": args.dtype, "matmul_precision": args.matmul_precision,
         "repeats": args.repeats, "warmup": args.warmup, "min_sample_s": args.min_time,
-        "numpy": np.__version__, "numpy_blas": _blas_info(),
+        "numpy": np.__version__, "numpy_blas": blas_info(),
         "env": {k: os.environ.get(k) for k in (
             "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "XLA_FLAGS",
             "XLA_PYTHON_CLIENT_PREALLOCATE")},
@@ -84,7 +84,7 @@ def header(argv, args, torch_device, jax_device):
     return header
 
 
-def _blas_info():
+def blas_info():
     try:
         from threadpoolctl import threadpool_info
 
@@ -98,7 +98,7 @@ def _blas_info():
                 "config": blas.get("openblas configuration")}
 
 
-def _cpu_model():
+def cpu_model():
     try:
         for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -117,7 +117,7 @@ def _cpu_simd():
     return [f for f in ("avx512f", "avx2", "fma", "avx512_bf16", "amx_bf16") if f in flags]
 
 
-def _cpus_usable():
+def cpus_usable():
     """CPUs this process may run on (``taskset``, cgroups' cpusets), if the OS says."""
     try:
         return len(os.sched_getaffinity(0))

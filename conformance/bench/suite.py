@@ -103,10 +103,10 @@ def _machine() -> dict:
 
     import numpy as np
 
-    from .machine import _blas_info, _cpu_model, _cpus_usable, loadavg
+    from .machine import blas_info, cpu_model, cpus_usable, loadavg
 
-    return {"cpu": _cpu_model(), "cpus usable": _cpus_usable(), "load average": loadavg(),
-            "python": platform.python_version(), "numpy": np.__version__, "blas": _blas_info(),
+    return {"cpu": cpu_model(), "cpus usable": cpus_usable(), "load average": loadavg(),
+            "python": platform.python_version(), "numpy": np.__version__, "blas": blas_info(),
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
 
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from conformance.protocol import Backend, Call, Difference, Result
 
-#: cases with a row that sees no key at all (conformance/cases_blockwise.py)
+#: cases with a row that sees no key at all (conformance/catalog/blockwise.py)
 _EMPTY_ROWS = ("blockwise/cross/fully-masked or blockwise/cross/mask_to_bias or "
                "blockwise/causal/bottom-right/tall or blockwise/poison/causal-tall-mixed or "
                "blockwise/poison/window-inf or blockwise/window+bias+padding")

@@ -10,12 +10,13 @@ import json
 import time
 from collections import Counter
 
-from ..cases import CASES_BY_NAME
+from ..catalog import CASES_BY_NAME
+from ..vocabulary import DTYPES
 
 __all__ = ["COLUMNS", "DEFAULT_BACKENDS", "Status", "live_rows", "load_reports"]
 
 #: the dtype columns, then "errors" (the error-contract cases, dtype null in the report)
-COLUMNS = ("float64", "float32", "bfloat16", "float16", "errors")
+COLUMNS = (*DTYPES, "errors")
 #: always shown, "not run" when absent
 DEFAULT_BACKENDS = ("numpy", "torch", "jax")
 

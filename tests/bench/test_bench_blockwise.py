@@ -13,10 +13,11 @@ import pytest
 
 from conformance.bench import cli
 from conformance.bench import report as bench_report
-from conformance.bench import runners
+from conformance.bench import blockwise_runners
 from conformance.bench.cases import (BLOCK_DEFAULTS, BLOCKWISE_PRESETS, DENSE_MAX_MIB, IMPLS,
                                      BlockwisePoint, flops, make_inputs, parse_block,
                                      parse_per_framework, shape_from_record)
+from conformance.bench.runner_base import Problem, Skip
 
 from ..tiers import SLOW
 
@@ -157,16 +158,16 @@ def _problem(L, causal=True, caps=None):
     point = BlockwisePoint(B=1, H=1, L=L, Dh=16, causal=causal)
     options = {"block": {"numpy": (128, 128), "torch": (128, 128), "jax": (128, 128)},
                "dense_max_mib": caps or dict(DENSE_MAX_MIB)}
-    return runners.Problem("blockwise", point, "float32", make_inputs("blockwise", point),
-                           blockwise=options)
+    return Problem("blockwise", point, "float32", make_inputs("blockwise", point),
+                   blockwise=options)
 
 
 def test_numpy_blockwise_memory_is_below_dense_at_a_moderate_length():
     """L = 1024: dense numpy holds several (L, L) float32 arrays (4 MiB each);
     blockwise one (128, 128) block at a time plus the O(L) outputs."""
     problem = _problem(1024)
-    dense = runners.numpy_blockwise_dense(problem, "forward+backward")
-    blockwise = runners.numpy_blockwise(problem, "forward+backward")
+    dense = blockwise_runners.numpy_blockwise_dense(problem, "forward+backward")
+    blockwise = blockwise_runners.numpy_blockwise(problem, "forward+backward")
     dense_bytes, method = dense.memory()
     blockwise_bytes, _ = blockwise.memory()
     assert method == "tracemalloc"
@@ -177,17 +178,19 @@ def test_numpy_blockwise_memory_is_below_dense_at_a_moderate_length():
 
 def test_dense_runs_past_the_cap_are_skipped_with_the_size_in_the_reason():
     point = BlockwisePoint(B=1, H=1, L=32768, Dh=64, causal=True)
-    reason = runners.dense_skip_reason(point, "numpy", 64)
+    reason = blockwise_runners.dense_skip_reason(point, "numpy", 64)
     assert reason.startswith("(L, L) scores 4 GiB float32 at L=32768")
     assert "--dense-max-mib" in reason
-    assert runners.dense_skip_reason(dataclasses.replace(point, L=4096), "numpy", 64) is None
+    assert blockwise_runners.dense_skip_reason(dataclasses.replace(point, L=4096), "numpy", 64) is None
     problem = _problem(4096, caps={"numpy": 1, "torch": 1, "jax": 1})  # 64 MiB > 1 MiB
     installed = {name: importlib.util.find_spec(name) is not None for name in ("torch", "jax")}
-    for prepare, needs in ((runners.numpy_blockwise_dense, None), (runners.torch_blockwise_dense, "torch"),
-                           (runners.jax_blockwise_dense, "jax"), (runners.jax_dpa_causal, "jax")):
+    for prepare, needs in ((blockwise_runners.numpy_blockwise_dense, None),
+                           (blockwise_runners.torch_blockwise_dense, "torch"),
+                           (blockwise_runners.jax_blockwise_dense, "jax"),
+                           (blockwise_runners.jax_dpa_causal, "jax")):
         if needs is not None and not installed[needs]:
             continue  # a missing framework is skipped for that reason first
-        with pytest.raises(runners.Skip, match=r"\(L, L\) scores 64 MiB"):
+        with pytest.raises(Skip, match=r"\(L, L\) scores 64 MiB"):
             prepare(problem, "forward+backward")
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from conformance.bench import cli
 from conformance.bench.cases import IMPLS, LIBRARY_OPS, OPS, PRESETS, make_inputs, op_modes
-from conformance.bench.runners import Problem, Skip
+from conformance.bench.runner_base import Problem, Skip
 
 from ..tiers import SLOW
 from .conftest import ROOT

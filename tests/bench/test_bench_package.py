@@ -5,6 +5,7 @@ script (``python conformance/bench/x.py``), a file's folder comes first on
 place of the real one.
 """
 import ast
+import graphlib
 import subprocess
 import sys
 from pathlib import Path
@@ -17,14 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _top_level_imports(tree):
     """First components of what a module imports absolutely, including the
-    names runners.py passes to ``importlib.import_module`` (via ``_module``)."""
+    names the runners pass to ``importlib.import_module`` (via
+    ``runner_base.require_module``)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from (alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             yield node.module.split(".")[0]
         elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("_module", "import_module")):
+              and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("require_module", "import_module")):
             yield node.args[0].value.split(".")[0]
 
 
@@ -34,6 +36,25 @@ def test_no_module_is_named_like_a_top_level_module():
     imported = {name for p in paths for name in _top_level_imports(ast.parse(p.read_text()))}
     assert {"numpy", "torch", "jax", "numpy_ref", "torch_impl", "jax_impl"} <= imported  # the walk sees them
     assert not modules & (imported | set(sys.stdlib_module_names))
+
+
+def _package_imports(tree):
+    """The modules of this package that a module imports, at any depth
+    (``from .x import y``, ``from . import x``, imports inside functions)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            yield from ([node.module.split(".")[0]] if node.module
+                        else (alias.name for alias in node.names))
+
+
+def test_the_modules_import_each_other_without_a_cycle():
+    """Counting imports inside functions: each module imports only those below it."""
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    graph = {p.stem: {"__init__" if name == "main" else name
+                      for name in _package_imports(ast.parse(p.read_text()))}
+             for p in PACKAGE.glob("*.py")}
+    assert set().union(*graph.values()) <= modules
+    graphlib.TopologicalSorter(graph).prepare()  # raises CycleError on a cycle
 
 
 def test_both_entry_points_give_the_same_usage():

@@ -15,7 +15,8 @@ from conformance.bench import report as bench_report
 from conformance.bench.cases import (BLOCKWISE_PRESETS, DECODE_PRESETS, IMPLS, OPS, PRESETS,
                                      DecodePoint, Shape, flops, make_decode_inputs, make_inputs,
                                      op_modes, parse_lengths, parse_shape, shape_from_record)
-from conformance.bench.runners import Problem, Skip, numpy_ref
+from conformance.bench.layer_runners import numpy_ref
+from conformance.bench.runner_base import Problem, Skip
 
 from ..tiers import SLOW
 
@@ -260,14 +261,14 @@ def test_decode_lengths_replace_the_presets_lengths():
 def test_decode_cached_step_and_recompute_compute_the_same_token(framework):
     """The two timed calls decode the same token: the cached step's output is
     the recompute's last position (so the ratio compares equal work)."""
-    from conformance.bench import runners
+    from conformance.bench import decode_runners
 
     if framework != "numpy":
         pytest.importorskip(framework)
     point = DECODE_PRESETS["decode-quick"].at(7)
     problem = Problem("decode", point, "float32", make_decode_inputs(point))
-    prepare = {"numpy": runners.numpy_decode, "torch": runners.torch_decode,
-               "jax": runners.jax_decode}[framework]
+    prepare = {"numpy": decode_runners.numpy_decode, "torch": decode_runners.torch_decode,
+               "jax": decode_runners.jax_decode}[framework]
     step_out, _ = prepare(cached=True)(problem, "forward").call()
     full_out = prepare(cached=False)(problem, "forward").call()
     np.testing.assert_allclose(np.asarray(step_out)[:, 0], np.asarray(full_out), rtol=1e-4,

@@ -296,7 +296,7 @@ def _encoder_layer_no_attn_residual(x, params, num_heads, *, mask=None, norm_fir
 
 
 # --------------------------------------------------------------------------
-# the modern variants (conformance/cases_variants.py)
+# the modern variants (conformance/catalog/variants.py)
 
 
 def _repeat_kv_tiled(x, G):
@@ -435,7 +435,7 @@ def _merge_without_max(outs, lses):
 # --------------------------------------------------------------------------
 # the catalog of mutants
 
-#: cases by what they exercise (names of conformance/cases.py), to derive catches from
+#: cases by what they exercise (names of conformance/catalog/), to derive catches from
 BOTTOM_RIGHT = {"masks/causal/bottom-right/wide", "masks/causal/bottom-right/tall",
                 "masks/causal/bottom-right/square"}
 SDPA_PLAIN = {"sdpa/cross/none", "sdpa/cross/padding", "sdpa/cross/causal", "sdpa/self/causal"}
@@ -461,7 +461,7 @@ GELU = {"feed_forward/gelu", "feed_forward/gelu/dropout", "feed_forward/gelu/ran
 ZERO_LAYERS = {"encoder/post/zero-layers"}
 
 
-#: blockwise cases by what they exercise (conformance/cases_blockwise.py)
+#: blockwise cases by what they exercise (conformance/catalog/blockwise.py)
 BW_STRUCTURAL = {"blockwise/causal/top-left/self", "blockwise/causal/top-left/wide",
                  "blockwise/causal/bottom-right/wide", "blockwise/causal/bottom-right/tall",
                  "blockwise/window/symmetric", "blockwise/window/causal-band", "blockwise/window/right-only",
@@ -475,7 +475,7 @@ BW_PLAIN = {"blockwise/cross/none", "blockwise/cross/padding", "blockwise/cross/
             "blockwise/cross/scale", "blockwise/blocks/one-block", "blockwise/rank3/padding"}
 
 
-#: the variants' cases by what they exercise (conformance/cases_variants.py)
+#: the variants' cases by what they exercise (conformance/catalog/variants.py)
 GQA_GROUPED = {"gqa/sdpa/cross/padding", "gqa/sdpa/self/causal", "gqa/sdpa/cross/bias+padding+causal",
                "gqa/sdpa/cross/bias-broadcast", "gqa/sdpa/cross/per-head", "gqa/sdpa/cross/fully-masked",
                "gqa/sdpa/cross/dropout", "gqa/sdpa/poison/per-head-nan", "softcap/sdpa/gqa/cross/bias+padding",
@@ -517,11 +517,11 @@ ROPE_BLOCKS = {"rope/mha/half/gqa/self/causal", "rope/mha/interleaved/gqa/self/p
 ROPE_STEPS = {"rope/cache/gqa/prefill2-singles", "rope/cache/gqa/empty-prefill-pairs",
               "rope/cache/prefill3-pair", "gqa/cache/h6-hkv3/rope/prefill2-single-pair"}
 NO_ROPE = {"gqa/mha/self/causal", "gqa/mha/cross/padding", "gqa/cache/mqa/singles", "gqa/mha/h6-hkv3/cross/padding"}
-#: the incremental-decoding cases (conformance/cases_decoder.py)
+#: the incremental-decoding cases (conformance/catalog/decoder.py)
 DECODER_INCREMENTAL = {"decoder/incremental/empty-prefill-singles", "decoder/incremental/prefill1-pairs",
                        "decoder/incremental/prefill3-singles", "decoder/incremental/one-pass",
                        "decoder/incremental/per-position-memory-mask"}
-#: partial log-sum-exps past exp's float64 overflow (conformance/cases_sharded.py)
+#: partial log-sum-exps past exp's float64 overflow (conformance/catalog/sharded.py)
 LARGE_LSE = {"sharded/merge/large-lse", "sharded/ring/2/contiguous/large-scores"}
 
 

@@ -37,7 +37,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from conformance.cases import CASES_BY_NAME, Case, cases
+from conformance.catalog import CASES_BY_NAME, Case, cases
 from conformance.invoke import numpy_backward, numpy_forward
 from conformance.protocol import Call, flatten
 
@@ -426,7 +426,7 @@ def test_a_case_named_rank_n_has_an_input_of_rank_n(name):
 
 
 # --------------------------------------------------------------------------
-# the modern variants (conformance/cases_variants.py): each option does something
+# the modern variants (conformance/catalog/variants.py): each option does something
 
 
 def _option_cases(key):

@@ -17,7 +17,7 @@ import pytest
 
 from conformance.__main__ import main
 from conformance.backends import Unavailable, load
-from conformance.cases import cases
+from conformance.catalog import cases
 from conformance.examples.my_attention_backend import plain_sdpa
 from conformance.select import matches, parse_select
 
@@ -413,12 +413,12 @@ def test_a_flash_kernel_that_ignores_the_alignment_fails_the_bottom_right_cases(
 
 
 # --------------------------------------------------------------------------
-# a Llama-style block: GQA, RoPE and a KV cache (conformance/cases_variants.py)
+# a Llama-style block: GQA, RoPE and a KV cache (conformance/catalog/variants.py)
 
 
 LLAMA_EXAMPLE = "conformance.examples.my_llama_backend"
 LLAMA_SELECT = "rope/ or gqa/"
-#: the blocks shaped as the libraries' layers (conformance/cases_libraries.py): GQA (H = 4, Hkv = 2), RoPE
+#: the blocks shaped as the libraries' layers (conformance/catalog/libraries.py): GQA (H = 4, Hkv = 2), RoPE
 LIBRARY_SHAPES = {"rope/mha/half/gqa/self/left-padding+causal", "rope/mha/half/gqa/self/padding+causal/empty-sequence",
                   "rope/mha/half/gqa/self/window+padding+causal"}
 #: the Llama block's grouped cases with 1 < Hkv < H: h // G and h % Hkv differ there

@@ -15,7 +15,8 @@ import pytest
 
 import numpy_ref
 from conformance import fixtures as fixtures_module
-from conformance.cases import CASES, COMPONENTS, NOT_DIFFERENTIABLE, cases, component
+from conformance.catalog import CASES, cases
+from conformance.vocabulary import CASE_NAME, COMPONENTS, NOT_DIFFERENTIABLE, component
 from conformance.fixtures import (
     DEFAULT_DIR, MAX_FILE_BYTES, FixtureError, ManifestError, case_file, load_fixture, load_manifest,
 )
@@ -72,7 +73,7 @@ def test_fixtures_stay_small():
     # 6.5 MiB, was 6 (and 5): the modern variants (GQA/MQA, RoPE, ALiBi, softcap; 89 cases of
     # B <= 2, lengths <= 7, head widths <= 8) added ~1 MiB to the 4.85 MiB the catalog had, the
     # sharded cases (24 of B = 2, H = 4, L = 8) another 0.33 MiB (6.23 MiB); 7 MiB since the
-    # libraries' layer shapes (cases_libraries.py: 10 cases of B = 3, L = 7) added 0.3 MiB (6.5 MiB)
+    # libraries' layer shapes (catalog/libraries.py: 10 cases of B = 3, L = 7) added 0.3 MiB (6.5 MiB)
     total = sum(p.stat().st_size for p in DEFAULT_DIR.iterdir())
     assert total < 7 * 2**20, f"{total / 2**20:.2f} MiB"
 
@@ -262,7 +263,7 @@ def test_duplicate_case_names_are_refused_after_the_first(tmp_path):
 
 def test_catalog_names_and_files_follow_the_manifest_rules():
     for case in CASES:
-        assert fixtures_module._NAME.fullmatch(case.name), case.name
+        assert CASE_NAME.fullmatch(case.name), case.name
         assert fixtures_module._FILE.fullmatch(case_file(case.name)), case.name
 
 

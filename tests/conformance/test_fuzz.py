@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conformance import cases, fuzz
+from conformance import catalog, fuzz
 from conformance.__main__ import main
 from conformance.backends.numpy_backend import NumpyBackend
 from conformance.protocol import flatten
@@ -61,9 +61,9 @@ def test_a_spec_replays_to_the_same_case():
         except RuntimeError:  # a draw the helpers cannot condition: skipped by the fuzzer too
             continue
         _same_call(fuzz.case_from_spec(spec).call(), want)
-        catalog = cases.from_spec(spec)  # the catalog helper: same default name, same arrays
-        assert catalog.name == f"{fuzz.COMPONENT[config['function']]}/fuzz/{config['seed']}"
-        _same_call(catalog.call(), want)
+        kept = catalog.from_spec(spec)  # the catalog helper: same default name, same arrays
+        assert kept.name == f"{fuzz.COMPONENT[config['function']]}/fuzz/{config['seed']}"
+        _same_call(kept.call(), want)
 
 
 def test_the_reference_passes_its_own_fuzz():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conformance.__main__ import main
-from conformance.cases import CASES
+from conformance.catalog import CASES
 from conformance.fixtures import DEFAULT_DIR, case_file, load_fixture, load_manifest, save_npz
 from conformance.generate import NOISE_RTOL, FolderError, generate, manifest_text
 

@@ -17,7 +17,7 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 from conformance.backends import jax_library_peers as jlp  # noqa: E402
-from conformance.cases import CASES_BY_NAME  # noqa: E402
+from conformance.catalog import CASES_BY_NAME  # noqa: E402
 
 D, H = 12, 3
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conformance.backends import Unavailable, load
-from conformance.cases import CASES_BY_NAME
+from conformance.catalog import CASES_BY_NAME
 from conformance.protocol import Call
 from conformance.runner import coverage_problems, difference_problems, difference_status, load_all, run, verdict
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance.cases import CASES_BY_NAME
+from conformance.catalog import CASES_BY_NAME
 
 from conformance.__main__ import main
 from conformance.backends import PEERS, Unavailable, load

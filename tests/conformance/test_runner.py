@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance.cases import cases
+from conformance.catalog import cases
 
 from conformance.__main__ import main
 from conformance.backends import Unavailable, load
 from conformance.backends.numpy_backend import NumpyBackend
 from conformance.fixtures import case_file
-from conformance.runner import matches
+from conformance.select import matches
 from conformance.tolerances import error_ratio
 
 ROOT = Path(__file__).resolve().parents[2]

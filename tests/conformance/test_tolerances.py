@@ -21,7 +21,7 @@ import pytest
 
 import numpy_ref
 from conformance import fixtures as fixtures_module
-from conformance.cases import CASES_BY_NAME
+from conformance.catalog import CASES_BY_NAME
 from conformance.fixtures import (
     DEFAULT_DIR, REFERENCE_DTYPES, FixtureError, load_fixture, load_manifest,
 )

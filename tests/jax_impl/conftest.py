@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 import pytest
 
-from conformance.cases import CASES_BY_NAME
+from conformance.catalog import CASES_BY_NAME
 from conformance.tolerances import tolerance
 from numpy_ref.trees import flatten, tree_map  # noqa: F401 (the test modules import them from here)
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.test_util import check_grads  # noqa: E402
 
 import jax_impl as ji  # noqa: E402
-from conformance.cases import CASES_BY_NAME  # noqa: E402
+from conformance.catalog import CASES_BY_NAME  # noqa: E402
 from conformance.protocol import get_path  # noqa: E402
 
 from ..tiers import first_of_each  # noqa: E402

@@ -25,7 +25,8 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import jax_impl as ji  # noqa: E402
-from conformance.cases import CASES, NOT_DIFFERENTIABLE  # noqa: E402
+from conformance.catalog import CASES
+from conformance.vocabulary import NOT_DIFFERENTIABLE  # noqa: E402
 from conformance.invoke import name_outputs, numpy_forward, split_args  # noqa: E402
 from conformance.protocol import FLOAT32_OUTPUTS, get_path  # noqa: E402
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import numpy_ref
-from conformance.cases_blockwise import _band
+from conformance.catalog.draw import band_keep as _band
 from numpy_ref import blockwise as bw
 from numpy_ref.attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
 from numpy_ref.blockwise import block_schedule, blockwise_attention, blockwise_attention_backward

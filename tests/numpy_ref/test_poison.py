@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import numpy_ref
-from conformance.cases import CASES_BY_NAME
+from conformance.catalog import CASES_BY_NAME
 from conformance.invoke import cast_floats, numpy_backward, numpy_forward
 from conformance.protocol import output_names
 

@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 import pytest
 
-from conformance.cases_blockwise import _band
+from conformance.catalog.draw import band_keep as _band
 from numpy_ref import (
     alibi_bias,
     alibi_slopes,

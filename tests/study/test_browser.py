@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cases import CASES_BY_NAME
+from conformance.catalog import CASES_BY_NAME
 from conformance.study.screenshot import BrowserUnavailable, open_browser, screenshots, site_pages
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ import pytest
 
 from conformance.backends.numpy_backend import NumpyBackend
 
-from conformance.cases import CASES_BY_NAME
+from conformance.catalog import CASES_BY_NAME
 from conformance.study import build, main
 from conformance.study.builder import PAGES
 from conformance.study.highlight import function_source, highlight

@@ -1,5 +1,5 @@
 """Shared pieces of the torch_impl tests: the catalog's inputs and numpy <->
-torch trees. Cases come from ``conformance.cases`` (the one catalog),
+torch trees. Cases come from ``conformance.catalog`` (the one catalog),
 dimension sizes from ``tests/dims.py``.
 
 The test modules do ``torch = pytest.importorskip("torch")`` themselves; this
@@ -13,7 +13,7 @@ import zlib
 import numpy as np
 import pytest
 
-from conformance.cases import CASES_BY_NAME
+from conformance.catalog import CASES_BY_NAME
 from numpy_ref.trees import flatten, tree_map  # noqa: F401 (the test modules import them from here)
 
 

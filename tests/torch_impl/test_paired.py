@@ -20,7 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch_impl as ti  # noqa: E402
-from conformance.cases import CASES, NOT_DIFFERENTIABLE  # noqa: E402
+from conformance.catalog import CASES
+from conformance.vocabulary import NOT_DIFFERENTIABLE  # noqa: E402
 from conformance.invoke import name_outputs, numpy_forward, split_args  # noqa: E402
 from conformance.protocol import FLOAT32_OUTPUTS, get_path  # noqa: E402
 

@@ -2,8 +2,7 @@
 partial ``(out, lse)`` pairs, ring (sequence-parallel) attention, and
 head/batch sharding.
 
-Imported at the end of ``conformance.cases`` (it appends to ``CASES`` with the
-same helpers), under one component, ``sharded``: ``sharded/merge/...``,
+Under one component, ``sharded``: ``sharded/merge/...``,
 ``sharded/ring/<N>/<layout>/...``, ``sharded/heads/...``. The fixtures are
 numpy_ref's simulated ring in float64, which equals blockwise (and dense)
 attention to 1e-12 (``tests/numpy_ref/test_sharded.py``): a sharded kernel
@@ -34,7 +33,11 @@ from functools import partial
 
 import numpy as np
 
-from .cases import _attn_mask, _case, _err, _normal, _pad
+from .case import Case, adders
+from .draw import attention_mask, normal, padding_keep
+
+CASES: list[Case] = []
+_case, _err = adders(CASES)
 
 B, H, HKV, L, DK, DV = 2, 4, 2, 8, 4, 6
 HKV6 = 3  # the kv heads of the cases with H = 6 query heads: G = 2 differs from Hkv
@@ -44,8 +47,8 @@ _RING, _MERGE, _HEADS = "ring_attention", "merge_attention", "sharded_attention"
 def _ring(r, N, layout="contiguous", mask="none", causal=False, align="top_left", Lq=L, Lk=L,
           kv_heads=H, rank=4, scale=None, heads=H):
     batch, kv_batch = ((B, heads), (B, kv_heads)) if rank == 4 else ((B,), (B,))
-    kw = {"q": _normal(r, *batch, Lq, DK), "k": _normal(r, *kv_batch, Lk, DK), "v": _normal(r, *kv_batch, Lk, DV)}
-    m = _attn_mask(r, mask, B, heads, Lq, Lk)
+    kw = {"q": normal(r, *batch, Lq, DK), "k": normal(r, *kv_batch, Lk, DK), "v": normal(r, *kv_batch, Lk, DV)}
+    m = attention_mask(r, mask, B, heads, Lq, Lk)
     if rank == 3 and m is not None and m.ndim == 4:
         m = m[:, 0]
     return {**kw, "mask": m, "scale": scale, "causal": causal, "align": align, "layout": layout,
@@ -53,7 +56,7 @@ def _ring(r, N, layout="contiguous", mask="none", causal=False, align="top_left"
 
 
 def _merge(r, S=3, empty=False):
-    outs, lses = _normal(r, S, B, H, L, DV), _normal(r, S, B, H, L, scale=2.0)
+    outs, lses = normal(r, S, B, H, L, DV), normal(r, S, B, H, L, scale=2.0)
     if empty:
         lses[1, 0] = -np.inf  # part 1 holds no key of batch 0
         outs[1, 0] = 0.0
@@ -68,7 +71,7 @@ def _merge_large(r, S=3, offset=1000.0):
     yet exact in bfloat16 (spacing 4 in [512, 1024)) and float16, and parts 4 apart weigh
     e^-4: no row is one-hot. A merge that sums ``exp(lse_i)`` without subtracting the
     largest one gets inf / inf (batch 0) or 0 / 0, an empty row (batch 1)."""
-    outs = _normal(r, S, B, H, L, DV)
+    outs = normal(r, S, B, H, L, DV)
     sign = np.where(np.arange(B) == 0, 1.0, -1.0)[None, :, None, None]  # (1, B, 1, 1)
     spread = 4 * np.clip(np.round(r.standard_normal((S, B, H, L))), -3, 3)
     return {"outs": outs, "lses": sign * offset + spread}
@@ -178,16 +181,16 @@ def _with(build, **change):
 
 
 _err("sharded/ring-lq-not-divisible", _RING, "ValueError", "q",
-     lambda r: {**_ring(r, N=4), "q": _normal(r, B, H, 6, DK)})
+     lambda r: {**_ring(r, N=4), "q": normal(r, B, H, 6, DK)})
 _err("sharded/ring-lk-not-divisible-zigzag", _RING, "ValueError", "k",
-     lambda r: {**_ring(r, N=2, layout="zigzag"), "k": _normal(r, B, H, 6, DK), "v": _normal(r, B, H, 6, DV)})
+     lambda r: {**_ring(r, N=2, layout="zigzag"), "k": normal(r, B, H, 6, DK), "v": normal(r, B, H, 6, DV)})
 _err("sharded/ring-layout-unknown", _RING, "ValueError", "layout", _with(partial(_ring, N=2), layout="striped"))
 _err("sharded/ring-num-shards-zero", _RING, "ValueError", "num_shards", _with(partial(_ring, N=2), num_shards=0))
 _err("sharded/ring-causal-not-bool", _RING, "TypeError", "causal", _with(partial(_ring, N=2), causal=1))
 _err("sharded/ring-float-mask", _RING, "TypeError", "mask",
-     lambda r: {**_ring(r, N=2), "mask": _pad([3, 8], L).astype(np.float64)})
+     lambda r: {**_ring(r, N=2), "mask": padding_keep([3, 8], L).astype(np.float64)})
 _err("sharded/merge-lses-shape", _MERGE, "ValueError", "lses",
-     lambda r: {**_merge(r), "lses": _normal(r, 3, B, H, L - 1)})
+     lambda r: {**_merge(r), "lses": normal(r, 3, B, H, L - 1)})
 _err("sharded/merge-no-parts", _MERGE, "ValueError", "outs",
      lambda r: {"outs": np.zeros((0, B, L, DV)), "lses": np.zeros((0, B, L))})
 _err("sharded/heads-not-dividing", _HEADS, "ValueError", "head_shards",

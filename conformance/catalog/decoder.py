@@ -2,8 +2,7 @@
 decoder layer and stack, cached (incremental) decoding, the full
 encoder-decoder Transformer, its loss and greedy decoding.
 
-Imported at the end of ``conformance.cases`` (it appends to ``CASES`` with
-the same helpers). Dimensions differ within every case: B=2, H=3, L=5 target
+Dimensions differ within every case: B=2, H=3, L=5 target
 positions, S=7 source positions, D=12, F=20; the Transformer's vocabularies
 are Vs=11 and Vt=13.
 
@@ -20,23 +19,18 @@ from functools import partial
 
 import numpy as np
 
-from .cases import (
-    _bad, _case, _causal, _err, _keep, _ln_params, _mha_params, _ffn_params, _normal, _pad,
-    _relu_margin, _with_gap, _zero, _ZERO_BY_FUNCTION, _KEY_BIAS, _encoder_relu_margin,
-    _layer_params,
+from .case import Case, adders, declared_zero
+from .draw import (
+    causal_keep, changed, encoder_relu_margin, ffn_params, keep_mask, layer_norm_params, layer_params,
+    mha_params, normal, padding_keep, relu_margin, with_gap
 )
+from .layers import draw_dropout_masks
+
+CASES: list[Case] = []
+_case, _err = adders(CASES)
 
 B, H, L, S, D, F = 2, 3, 5, 7, 12, 20
 VS, VT = 11, 13
-
-_ZERO_BY_FUNCTION.update({
-    "decoder_layer": _zero("params.self_attn.b_k params.cross_attn.b_k", _KEY_BIAS),
-    "decoder": _zero("params.layers.*.self_attn.b_k params.layers.*.cross_attn.b_k", _KEY_BIAS),
-    "decoder_incremental": _zero("params.layers.*.self_attn.b_k params.layers.*.cross_attn.b_k",
-                                 _KEY_BIAS),
-    "transformer": _zero("params.encoder.layers.*.self_attn.b_k params.decoder.layers.*.self_attn.b_k "
-                         "params.decoder.layers.*.cross_attn.b_k", _KEY_BIAS),
-})
 
 
 def _bottom_right(Lq, Lk):
@@ -59,8 +53,8 @@ _case("masks/causal/bottom-right/square", "causal_mask",
 
 def _sdpa_aligned(r, Lq, Lk, align):
     Dk, Dv = 4, 6
-    mask = _bottom_right(Lq, Lk) if align == "bottom_right" else _causal(Lq, Lk)
-    return {"q": _normal(r, B, H, Lq, Dk), "k": _normal(r, B, H, Lk, Dk), "v": _normal(r, B, H, Lk, Dv),
+    mask = _bottom_right(Lq, Lk) if align == "bottom_right" else causal_keep(Lq, Lk)
+    return {"q": normal(r, B, H, Lq, Dk), "k": normal(r, B, H, Lk, Dk), "v": normal(r, B, H, Lk, Dv),
             "mask": mask, "bias": None, "scale": None, "dropout_p": 0.0, "dropout_mask": None}
 
 
@@ -79,30 +73,30 @@ _case("sdpa/causal/top-left/tall", "scaled_dot_product_attention",
 
 
 def _decoder_layer_params(r):
-    return {"self_attn": _mha_params(r, D), "cross_attn": _mha_params(r, D), "ffn": _ffn_params(r, D, F),
-            "norm1": _ln_params(r, D), "norm2": _ln_params(r, D), "norm3": _ln_params(r, D)}
+    return {"self_attn": mha_params(r, D), "cross_attn": mha_params(r, D), "ffn": ffn_params(r, D, F),
+            "norm1": layer_norm_params(r, D), "norm2": layer_norm_params(r, D), "norm3": layer_norm_params(r, D)}
 
 
 def _decoder_dropout_masks(r, p, Lt=L):
-    return {"attention": _keep(r, (B, H, Lt, Lt), p), "cross_attention": _keep(r, (B, H, Lt, S), p),
-            "ffn": _keep(r, (B, Lt, F), p), "residual_attn": _keep(r, (B, Lt, D), p),
-            "residual_cross": _keep(r, (B, Lt, D), p), "residual_ffn": _keep(r, (B, Lt, D), p)}
+    return {"attention": keep_mask(r, (B, H, Lt, Lt), p), "cross_attention": keep_mask(r, (B, H, Lt, S), p),
+            "ffn": keep_mask(r, (B, Lt, F), p), "residual_attn": keep_mask(r, (B, Lt, D), p),
+            "residual_cross": keep_mask(r, (B, Lt, D), p), "residual_ffn": keep_mask(r, (B, Lt, D), p)}
 
 
 #: the memory masks, broadcastable to (B, H, L, S)
 _MEMORY_MASKS = {
     "none": lambda: None,
-    "padding": lambda: _pad([S - 3, S], S),  # (B, 1, 1, S)
-    "fully-masked": lambda: _pad([0, S - 2], S),  # batch 0 has no source at all
+    "padding": lambda: padding_keep([S - 3, S], S),  # (B, 1, 1, S)
+    "fully-masked": lambda: padding_keep([0, S - 2], S),  # batch 0 has no source at all
     # wait-k (simultaneous translation): target i reads the first i + 3 sources, padding on top;
     # (B, 1, L, S), no two consecutive rows of batch 1 alike: a cache step must take its own rows
-    "per-position": lambda: _pad([S - 3, S], S) & (np.arange(S)[None, :] < np.arange(L)[:, None] + 3),
+    "per-position": lambda: padding_keep([S - 3, S], S) & (np.arange(S)[None, :] < np.arange(L)[:, None] + 3),
 }
 #: the self-attention masks, broadcastable to (B, H, L, L)
 _SELF_MASKS = {
     "none": lambda: None,
-    "causal": lambda: _causal(L, L),
-    "padding+causal": lambda: _pad([L - 2, L], L) & _causal(L, L),  # (B, 1, L, L)
+    "causal": lambda: causal_keep(L, L),
+    "padding+causal": lambda: padding_keep([L - 2, L], L) & causal_keep(L, L),  # (B, 1, L, L)
 }
 
 
@@ -122,7 +116,7 @@ def _ffn_input(x, memory, p, kw, masks):
 
     self_mask, memory_mask = kw.get("self_mask"), kw.get("memory_mask")
     if "chunks" in kw:
-        self_mask = _causal(x.shape[1], x.shape[1])
+        self_mask = causal_keep(x.shape[1], x.shape[1])
     if kw["norm_first"]:
         n1 = norm(x, "norm1")
         h1 = x + attend(n1, n1, p["self_attn"], self_mask, "attention", "residual_attn")
@@ -135,7 +129,7 @@ def _ffn_input(x, memory, p, kw, masks):
 
 
 def _decoder_relu_margin(kw):
-    """``_relu_margin`` for every layer of a decoder (layer) case, in order."""
+    """``relu_margin`` for every layer of a decoder (layer) case, in order."""
     import numpy_ref as nr
 
     if kw["activation"] != "relu":
@@ -144,9 +138,9 @@ def _decoder_relu_margin(kw):
     layers = kw["params"]["layers"] if stack else [kw["params"]]
     masks = kw.get("dropout_masks") if stack else [kw.get("dropout_masks")]
     x, memory = kw["x"], kw["memory"]
-    self_mask = _causal(x.shape[1], x.shape[1]) if "chunks" in kw else kw.get("self_mask")
+    self_mask = causal_keep(x.shape[1], x.shape[1]) if "chunks" in kw else kw.get("self_mask")
     for p, m in zip(layers, masks or [None] * len(layers)):
-        _relu_margin(_ffn_input(x, memory, p, kw, m), p["ffn"])
+        relu_margin(_ffn_input(x, memory, p, kw, m), p["ffn"])
         x = nr.decoder_layer(x, memory, p, kw["num_heads"], self_mask=self_mask,
                              memory_mask=kw.get("memory_mask"), norm_first=kw["norm_first"],
                              activation="relu", eps=kw["eps"], dropout_p=kw["dropout_p"],
@@ -156,9 +150,9 @@ def _decoder_relu_margin(kw):
 
 def _decoder_layer(r, norm_first=False, activation="relu", self_mask="causal", memory_mask="padding",
                    dropout_p=0.0, eps=1e-5, Lt=L):
-    self_masks = dict(_SELF_MASKS, causal=lambda: _causal(Lt, Lt))
+    self_masks = dict(_SELF_MASKS, causal=lambda: causal_keep(Lt, Lt))
     return _decoder_relu_margin({
-        "x": _normal(r, B, Lt, D), "memory": _normal(r, B, S, D), "params": _decoder_layer_params(r),
+        "x": normal(r, B, Lt, D), "memory": normal(r, B, S, D), "params": _decoder_layer_params(r),
         "num_heads": H, "self_mask": self_masks[self_mask](), "memory_mask": _MEMORY_MASKS[memory_mask](),
         "norm_first": norm_first, "activation": activation, "eps": eps, "dropout_p": dropout_p,
         "dropout_masks": _decoder_dropout_masks(r, dropout_p, Lt) if dropout_p else None,
@@ -179,7 +173,7 @@ _case("decoder_layer/post/fully-masked-memory", "decoder_layer",
 _case("decoder_layer/pre/no-masks", "decoder_layer",
       partial(_decoder_layer, norm_first=True, self_mask="none", memory_mask="none", activation="gelu"))
 _case("decoder_layer/post/length1", "decoder_layer", partial(_decoder_layer, Lt=1),
-      note="one target position", zero=_zero("params.self_attn.w_q params.self_attn.b_q params.self_attn.w_k",
+      note="one target position", zero=declared_zero("params.self_attn.w_q params.self_attn.b_q params.self_attn.w_k",
                                                "one key: every self-attention weight is 1 whatever the scores"))
 
 
@@ -187,10 +181,10 @@ def _decoder(r, num_layers=2, final_norm=True, norm_first=False, activation="rel
              memory_mask="padding", dropout_p=0.0):
     params = {"layers": [_decoder_layer_params(r) for _ in range(num_layers)]}
     if final_norm:
-        params["norm"] = _ln_params(r, D)
+        params["norm"] = layer_norm_params(r, D)
     masks = [_decoder_dropout_masks(r, dropout_p) for _ in range(num_layers)] if dropout_p else None
     return _decoder_relu_margin({
-        "x": _normal(r, B, L, D), "memory": _normal(r, B, S, D), "params": params, "num_heads": H,
+        "x": normal(r, B, L, D), "memory": normal(r, B, S, D), "params": params, "num_heads": H,
         "self_mask": _SELF_MASKS[self_mask](), "memory_mask": _MEMORY_MASKS[memory_mask](),
         "norm_first": norm_first, "activation": activation, "eps": 1e-5, "dropout_p": dropout_p,
         "dropout_masks": masks,
@@ -206,7 +200,7 @@ _case("decoder/post/dropout", "decoder", partial(_decoder, dropout_p=0.2),
 _case("decoder/post/zero-layers", "decoder",
       partial(_decoder, num_layers=0, final_norm=False, self_mask="none", memory_mask="none"),
       note="no layer, no norm: out = x (a new array); memory is not read", key_bias=False,
-      zero=_zero("memory", "no layer reads the memory"))
+      zero=declared_zero("memory", "no layer reads the memory"))
 
 
 # --------------------------------------------------------------------------
@@ -217,9 +211,9 @@ def _incremental(r, chunks, norm_first=False, activation="relu", memory_mask="pa
                  final_norm=True):
     params = {"layers": [_decoder_layer_params(r) for _ in range(num_layers)]}
     if final_norm:
-        params["norm"] = _ln_params(r, D)
+        params["norm"] = layer_norm_params(r, D)
     return _decoder_relu_margin({
-        "x": _normal(r, B, L, D), "memory": _normal(r, B, S, D), "params": params, "num_heads": H,
+        "x": normal(r, B, L, D), "memory": normal(r, B, S, D), "params": params, "num_heads": H,
         "chunks": tuple(chunks), "memory_mask": _MEMORY_MASKS[memory_mask](), "norm_first": norm_first,
         "activation": activation, "eps": 1e-5, "dropout_p": 0.0,
     })
@@ -261,7 +255,7 @@ def _cross_entropy(r, shape=(B, L), V=VT, ignore_index=None, label_smoothing=0.0
     targets = r.integers(0, V, shape)
     for index in ignored:
         targets[index] = ignore_index
-    return {"logits": _normal(r, *shape, V, scale=2.0), "targets": targets,
+    return {"logits": normal(r, *shape, V, scale=2.0), "targets": targets,
             "ignore_index": ignore_index, "label_smoothing": label_smoothing}
 
 
@@ -277,7 +271,7 @@ _case("cross_entropy/2d/ignore+smoothing", "cross_entropy",
 _case("cross_entropy/all-ignored", "cross_entropy",
       partial(_cross_entropy, ignore_index=-1, ignored=(slice(None),)),
       note="no target counts: the loss is 0 (PyTorch: NaN)",
-      zero=_zero("logits", "every target ignored: the loss is the constant 0"))
+      zero=declared_zero("logits", "every target ignored: the loss is the constant 0"))
 
 
 # --------------------------------------------------------------------------
@@ -286,19 +280,17 @@ _case("cross_entropy/all-ignored", "cross_entropy",
 
 def _transformer_params(r, tie, n_enc=1, n_dec=1):
     params = {
-        "src_embed": _normal(r, VS, D, scale=D ** -0.5), "tgt_embed": _normal(r, VT, D, scale=D ** -0.5),
-        "encoder": {"layers": [_layer_params(r, D, F) for _ in range(n_enc)], "norm": _ln_params(r, D)},
-        "decoder": {"layers": [_decoder_layer_params(r) for _ in range(n_dec)], "norm": _ln_params(r, D)},
-        "out": {"b": _normal(r, VT, scale=0.1)},
+        "src_embed": normal(r, VS, D, scale=D ** -0.5), "tgt_embed": normal(r, VT, D, scale=D ** -0.5),
+        "encoder": {"layers": [layer_params(r, D, F) for _ in range(n_enc)], "norm": layer_norm_params(r, D)},
+        "decoder": {"layers": [_decoder_layer_params(r) for _ in range(n_dec)], "norm": layer_norm_params(r, D)},
+        "out": {"b": normal(r, VT, scale=0.1)},
     }
     if not tie:
-        params["out"]["w"] = _normal(r, D, VT, scale=D ** -0.5)
+        params["out"]["w"] = normal(r, D, VT, scale=D ** -0.5)
     return params
 
 
 def _transformer(r, tie=False, norm_first=False, activation="relu", lengths=False, dropout_p=0.0, Lt=L):
-    from .cases import _dropout_masks
-
     kw = {
         "src": r.integers(0, VS, (B, S)), "tgt": r.integers(0, VT, (B, Lt)),
         "params": _transformer_params(r, tie), "num_heads": H,
@@ -309,8 +301,8 @@ def _transformer(r, tie=False, norm_first=False, activation="relu", lengths=Fals
     }
     if dropout_p:
         kw["dropout_masks"] = {
-            "src_embed": _keep(r, (B, S, D), dropout_p), "tgt_embed": _keep(r, (B, Lt, D), dropout_p),
-            "encoder": [_dropout_masks(r, B, H, S, D, F, dropout_p)],
+            "src_embed": keep_mask(r, (B, S, D), dropout_p), "tgt_embed": keep_mask(r, (B, Lt, D), dropout_p),
+            "encoder": [draw_dropout_masks(r, B, H, S, D, F, dropout_p)],
             "decoder": [_decoder_dropout_masks(r, dropout_p, Lt)],
         }
     return _transformer_relu_margin(kw)
@@ -331,15 +323,15 @@ def _transformer_relu_margin(kw):
         e = table[tokens] * np.sqrt(D) + nr.sinusoidal_encoding(Lx, D)
         return nr.dropout(e, kw["dropout_p"], masks.get(site))
 
-    src_mask = None if kw["src_lengths"] is None else _pad(kw["src_lengths"], S)
+    src_mask = None if kw["src_lengths"] is None else padding_keep(kw["src_lengths"], S)
     enc = {"x": embed(kw["src"], p["src_embed"], "src_embed"), "params": p["encoder"], "mask": src_mask,
            "dropout_masks": masks.get("encoder"), **common}
-    _encoder_relu_margin(enc)
+    encoder_relu_margin(enc)
     memory = nr.encoder(enc["x"], p["encoder"], mask=src_mask, dropout_masks=masks.get("encoder"), **common)
     Lt = kw["tgt"].shape[1]
-    self_mask = _causal(Lt, Lt)
+    self_mask = causal_keep(Lt, Lt)
     if kw["tgt_lengths"] is not None:
-        self_mask = self_mask & _pad(kw["tgt_lengths"], Lt)
+        self_mask = self_mask & padding_keep(kw["tgt_lengths"], Lt)
     dec = {"x": embed(kw["tgt"], p["tgt_embed"], "tgt_embed"), "memory": memory, "params": p["decoder"],
            "self_mask": self_mask, "memory_mask": src_mask, "dropout_masks": masks.get("decoder"), **common}
     _decoder_relu_margin(dec)
@@ -374,7 +366,7 @@ def _greedy(r, max_len=4, gap=0.5):
         return nr.transformer(kw["src"], tgt, kw["params"], H, src_lengths=kw["src_lengths"],
                               activation="gelu")
 
-    return _with_gap(draw, logits_of, gap=gap)
+    return with_gap(draw, logits_of, gap=gap)
 
 
 _case("transformer/greedy/cached", "greedy_decode", partial(_greedy),
@@ -387,47 +379,47 @@ _case("transformer/greedy/cached", "greedy_decode", partial(_greedy),
 _err("masks/causal-align", "causal_mask", "ValueError", "align",
      lambda r: {"Lq": 5, "Lk": 7, "align": "center"})
 _err("decoder_layer/memory-width", "decoder_layer", "ValueError", "memory",
-     _bad(_decoder_layer, memory=lambda kw, r: _normal(r, B, S, D - 1)))
+     changed(_decoder_layer, memory=lambda kw, r: normal(r, B, S, D - 1)))
 _err("decoder_layer/memory_mask-shape", "decoder_layer", "ValueError", "memory_mask",
-     _bad(_decoder_layer, memory_mask=lambda kw, r: _pad([S - 3, S], S + 1)),
+     changed(_decoder_layer, memory_mask=lambda kw, r: padding_keep([S - 3, S], S + 1)),
      note="a mask over S+1 source positions")
 _err("decoder_layer/missing-norm3", "decoder_layer", "ValueError", "params",
-     _bad(_decoder_layer, params=lambda kw, r: {k: v for k, v in kw["params"].items() if k != "norm3"}))
+     changed(_decoder_layer, params=lambda kw, r: {k: v for k, v in kw["params"].items() if k != "norm3"}))
 _err("decoder_layer/dropout-site-shape", "decoder_layer", "ValueError", 'dropout_masks["cross_attention"]',
-     _bad(partial(_decoder_layer, dropout_p=0.2),
-          dropout_masks=lambda kw, r: {**kw["dropout_masks"], "cross_attention": _keep(r, (B, H, L, L), 0.2)}),
+     changed(partial(_decoder_layer, dropout_p=0.2),
+          dropout_masks=lambda kw, r: {**kw["dropout_masks"], "cross_attention": keep_mask(r, (B, H, L, L), 0.2)}),
      note="the cross-attention's keep-mask is (B, H, L, S)")
 _err("decoder/memory-batch", "decoder", "ValueError", "memory",
-     _bad(_decoder, memory=lambda kw, r: kw["memory"][:1]))
+     changed(_decoder, memory=lambda kw, r: kw["memory"][:1]))
 _err("decoder/incremental-chunks-sum", "decoder_incremental", "ValueError", "chunks",
-     _no_dropout(_bad(partial(_incremental, chunks=(0, 1, 1, 1, 1, 1)), chunks=lambda kw, r: (2, 2))))
+     _no_dropout(changed(partial(_incremental, chunks=(0, 1, 1, 1, 1, 1)), chunks=lambda kw, r: (2, 2))))
 _err("cross_entropy/targets-out-of-range", "cross_entropy", "ValueError", "targets",
-     _bad(_cross_entropy, targets=lambda kw, r: np.where(kw["targets"] == 0, VT, kw["targets"])))
+     changed(_cross_entropy, targets=lambda kw, r: np.where(kw["targets"] == 0, VT, kw["targets"])))
 _err("cross_entropy/label-smoothing-1", "cross_entropy", "ValueError", "label_smoothing",
-     _bad(_cross_entropy, label_smoothing=lambda kw, r: 1.0), note="label_smoothing in [0, 1)")
+     changed(_cross_entropy, label_smoothing=lambda kw, r: 1.0), note="label_smoothing in [0, 1)")
 _err("cross_entropy/float-targets", "cross_entropy", "TypeError", "targets",
-     _bad(_cross_entropy, targets=lambda kw, r: kw["targets"].astype(np.float64)))
+     changed(_cross_entropy, targets=lambda kw, r: kw["targets"].astype(np.float64)))
 _err("transformer/tgt-out-of-vocab", "transformer", "ValueError", "tgt",
-     _bad(_transformer, tgt=lambda kw, r: kw["tgt"] + VT))
+     changed(_transformer, tgt=lambda kw, r: kw["tgt"] + VT))
 _err("transformer/tied-with-w", "transformer", "ValueError", "params.out",
-     _bad(_transformer, tie_embeddings=lambda kw, r: True),
+     changed(_transformer, tie_embeddings=lambda kw, r: True),
      note="a tied projection has no w of its own: an unused key is never ignored")
 _err("transformer/src_lengths-too-long", "transformer", "ValueError", "src_lengths",
-     _bad(_transformer, src_lengths=lambda kw, r: np.array([S + 1, S])))
+     changed(_transformer, src_lengths=lambda kw, r: np.array([S + 1, S])))
 
 
 def _step(r, length=2, capacity=4, T=1, batch=B, dtype=np.float64):
     """``decoder_step``'s arguments with a hand-built one-layer cache (no numpy_ref call)."""
     Dh = D // H
     cache = {"layers": [{
-        "self_attn": {"k": _normal(r, batch, H, capacity, Dh).astype(dtype),
-                      "v": _normal(r, batch, H, capacity, Dh).astype(dtype),
+        "self_attn": {"k": normal(r, batch, H, capacity, Dh).astype(dtype),
+                      "v": normal(r, batch, H, capacity, Dh).astype(dtype),
                       "length": np.array(length)},
-        "cross_attn": {"k": _normal(r, batch, H, S, Dh).astype(dtype),
-                       "v": _normal(r, batch, H, S, Dh).astype(dtype)},
+        "cross_attn": {"k": normal(r, batch, H, S, Dh).astype(dtype),
+                       "v": normal(r, batch, H, S, Dh).astype(dtype)},
     }]}
-    return {"x": _normal(r, B, T, D), "cache": cache, "params": {"layers": [_decoder_layer_params(r)]},
-            "num_heads": H, "memory_mask": _pad([S - 3, S], S), "norm_first": False, "activation": "relu",
+    return {"x": normal(r, B, T, D), "cache": cache, "params": {"layers": [_decoder_layer_params(r)]},
+            "num_heads": H, "memory_mask": padding_keep([S - 3, S], S), "norm_first": False, "activation": "relu",
             "eps": 1e-5}
 
 

@@ -2,8 +2,7 @@
 multi-query attention (GQA/MQA), rotary embeddings (RoPE), ALiBi and
 soft-capping.
 
-Imported at the end of ``conformance.cases`` after ``cases_blockwise`` (it
-appends to ``CASES`` with the same helpers). Four components of their own,
+Four components of their own,
 named for the variant, then the function: ``gqa/sdpa/...``,
 ``gqa/blockwise/...``, ``gqa/mha/...``, ``gqa/cache/...``; ``softcap/...``;
 ``alibi/...`` (the bias, the slopes, blockwise's ``alibi_slopes``);
@@ -49,9 +48,11 @@ from functools import partial
 
 import numpy as np
 
-from .cases import (
-    _KEY_BIAS, _attn_mask, _bad, _bf16, _case, _err, _keep, _normal, _poison, _valid, _zero,
-)
+from .case import KEY_BIAS, Case, adders, declared_zero
+from .draw import attention_mask, band_keep, bf16, changed, keep_mask, normal, poisoned, valid_pairs
+
+CASES: list[Case] = []
+_case, _err = adders(CASES)
 
 B, L, DK, DV = 2, 5, 4, 8
 _SDPA, _BW, _MHA = "scaled_dot_product_attention", "blockwise_attention", "multi_head_attention"
@@ -97,7 +98,7 @@ def _rope(r, rank=3, positions=None, convention="half", base=10000.0):
         pos = np.arange(32767 - L + 1, 32768)
     elif positions == "large-per-sequence":
         pos = np.array([[4091, 4092, 4093, 4094, 4095], [0, 1, 2, 2047, 8191]])
-    return {"x": _normal(r, *shape), "positions": pos, "base": base, "convention": convention}
+    return {"x": normal(r, *shape), "positions": pos, "base": base, "convention": convention}
 
 
 for _conv in ("half", "interleaved"):
@@ -119,12 +120,12 @@ _case("rope/interleaved/base500", _ROPE, partial(_rope, convention="interleaved"
 
 
 def _rope_bad(**change):
-    return _bad(partial(_rope, positions="shifted"), **change)
+    return changed(partial(_rope, positions="shifted"), **change)
 
 
-_err("rope/odd-width", _ROPE, "ValueError", "x", _rope_bad(x=lambda kw, r: _normal(r, B, L, 7)),
+_err("rope/odd-width", _ROPE, "ValueError", "x", _rope_bad(x=lambda kw, r: normal(r, B, L, 7)),
      note="Dh = 7: the rotation pairs coordinates")
-_err("rope/rank2", _ROPE, "ValueError", "x", _rope_bad(x=lambda kw, r: _normal(r, L, 8)))
+_err("rope/rank2", _ROPE, "ValueError", "x", _rope_bad(x=lambda kw, r: normal(r, L, 8)))
 _err("rope/negative-positions", _ROPE, "ValueError", "positions",
      _rope_bad(positions=lambda kw, r: np.arange(-1, L - 1)))
 _err("rope/positions-length", _ROPE, "ValueError", "positions",
@@ -167,23 +168,23 @@ _err("alibi/slopes-num_heads-float", "alibi_slopes", "TypeError", "num_heads",
 def _gqa(r, H=6, Hkv=3, Lq=5, Lk=7, mask="none", bias=None, softcap=None, qk_scale=1.0, dropout_p=0.0,
          rank=4, poison=None, grid=False):
     batch_q, batch_kv = ((B, H), (B, Hkv)) if rank == 4 else ((B,), (B,))
-    draw = _grid if grid else _normal
+    draw = _grid if grid else normal
     kw = {"q": draw(r, *batch_q, Lq, DK, scale=qk_scale), "k": draw(r, *batch_kv, Lk, DK, scale=qk_scale),
-          "v": _normal(r, *batch_kv, Lk, DV)}
-    m = _attn_mask(r, mask, B, H, Lq, Lk)
+          "v": normal(r, *batch_kv, Lk, DV)}
+    m = attention_mask(r, mask, B, H, Lq, Lk)
     if rank == 3 and m is not None and m.ndim == 4:
         m = m[:, 0]
     b = None
     if bias == "full":
-        b = _normal(r, *batch_q, Lq, Lk)
+        b = normal(r, *batch_q, Lq, Lk)
     elif bias == "broadcast":
-        b = _normal(r, 1, H, 1, Lk)  # per query head: summed over B and Lq, never over the group
+        b = normal(r, 1, H, 1, Lk)  # per query head: summed over B and Lq, never over the group
     elif bias == "mask_to_bias":
-        b = np.where(_attn_mask(r, "fully-masked", B, H, Lq, Lk), 0.0, -np.inf) + _normal(r, B, H, Lq, Lk)
-    keep = _keep(r, (*batch_q, Lq, Lk), dropout_p) if dropout_p else None
+        b = np.where(attention_mask(r, "fully-masked", B, H, Lq, Lk), 0.0, -np.inf) + normal(r, B, H, Lq, Lk)
+    keep = keep_mask(r, (*batch_q, Lq, Lk), dropout_p) if dropout_p else None
     if poison:  # NaN/inf in the k and v rows that no query head of the group reads
-        unread = _group_unread(_valid(m, b, (B, H, Lq, Lk)), Hkv)
-        kw["k"], kw["v"] = _poison(r, kw["k"], unread, poison), _poison(r, kw["v"], unread, poison)
+        unread = _group_unread(valid_pairs(m, b, (B, H, Lq, Lk)), Hkv)
+        kw["k"], kw["v"] = poisoned(r, kw["k"], unread, poison), poisoned(r, kw["v"], unread, poison)
     kw.update(mask=m, bias=b, scale=None, dropout_p=dropout_p, dropout_mask=keep)
     if softcap is not None:
         kw["softcap"] = softcap
@@ -228,17 +229,17 @@ _case("softcap/sdpa/gqa/cross/bias+padding", _SDPA,
 
 
 def _gqa_bad(**change):
-    return _bad(partial(_gqa, mask="padding"), **change)
+    return changed(partial(_gqa, mask="padding"), **change)
 
 
 _err("gqa/sdpa-heads-indivisible", _SDPA, "ValueError", "k",
-     _gqa_bad(k=lambda kw, r: _normal(r, B, 4, 7, DK), v=lambda kw, r: _normal(r, B, 4, 7, DV)),
+     _gqa_bad(k=lambda kw, r: normal(r, B, 4, 7, DK), v=lambda kw, r: normal(r, B, 4, 7, DV)),
      note="Hkv = 4 does not divide H = 6")
-_err("gqa/sdpa-v-heads", _SDPA, "ValueError", "v", _gqa_bad(v=lambda kw, r: _normal(r, B, 1, 7, DV)),
+_err("gqa/sdpa-v-heads", _SDPA, "ValueError", "v", _gqa_bad(v=lambda kw, r: normal(r, B, 1, 7, DV)),
      note="k has 3 heads, v 1")
 _err("gqa/sdpa-more-kv-heads", _SDPA, "ValueError", "k",
-     _gqa_bad(q=lambda kw, r: _normal(r, B, 3, 5, DK), k=lambda kw, r: _normal(r, B, 6, 7, DK),
-              v=lambda kw, r: _normal(r, B, 6, 7, DV)),
+     _gqa_bad(q=lambda kw, r: normal(r, B, 3, 5, DK), k=lambda kw, r: normal(r, B, 6, 7, DK),
+              v=lambda kw, r: normal(r, B, 6, 7, DV)),
      note="6 kv heads for 3 query heads")
 _err("softcap/sdpa-zero", _SDPA, "ValueError", "softcap", _gqa_bad(softcap=lambda kw, r: 0.0))
 _err("softcap/sdpa-negative", _SDPA, "ValueError", "softcap", _gqa_bad(softcap=lambda kw, r: -30.0))
@@ -250,22 +251,20 @@ _err("softcap/sdpa-string", _SDPA, "TypeError", "softcap", _gqa_bad(softcap=lamb
 
 def _bw(r, H=6, Hkv=3, Lq=5, Lk=7, mask="none", bias=None, blocks=(2, 3), causal=False, window=None,
         align="top_left", softcap=None, alibi=None, qk_scale=1.0, poison=None, grid=False):
-    from .cases_blockwise import _band
-
-    draw = _grid if grid else _normal
+    draw = _grid if grid else normal
     kw = {"q": draw(r, B, H, Lq, DK, scale=qk_scale), "k": draw(r, B, Hkv, Lk, DK, scale=qk_scale),
-          "v": _normal(r, B, Hkv, Lk, DV)}
-    m = _attn_mask(r, mask, B, H, Lq, Lk)
+          "v": normal(r, B, Hkv, Lk, DV)}
+    m = attention_mask(r, mask, B, H, Lq, Lk)
     b = None
     if bias == "full":
-        b = _normal(r, B, H, Lq, Lk)
+        b = normal(r, B, H, Lq, Lk)
     elif bias == "mask_to_bias":
-        b = np.where(_attn_mask(r, "fully-masked", B, H, Lq, Lk), 0.0, -np.inf) + _normal(r, B, H, Lq, Lk)
+        b = np.where(attention_mask(r, "fully-masked", B, H, Lq, Lk), 0.0, -np.inf) + normal(r, B, H, Lq, Lk)
     if poison:
-        band = _band(Lq, Lk, causal, window, align)
+        band = band_keep(Lq, Lk, causal, window, align)
         full = m if band is None else (band if m is None else m & band)
-        unread = _group_unread(_valid(full, b, (B, H, Lq, Lk)), Hkv)
-        kw["k"], kw["v"] = _poison(r, kw["k"], unread, poison), _poison(r, kw["v"], unread, poison)
+        unread = _group_unread(valid_pairs(full, b, (B, H, Lq, Lk)), Hkv)
+        kw["k"], kw["v"] = poisoned(r, kw["k"], unread, poison), poisoned(r, kw["v"], unread, poison)
     kw.update(mask=m, bias=b, scale=None, block_q=blocks[0], block_k=blocks[1], causal=causal, window=window,
               align=align)
     if softcap is not None:
@@ -273,7 +272,7 @@ def _bw(r, H=6, Hkv=3, Lq=5, Lk=7, mask="none", bias=None, blocks=(2, 3), causal
     if alibi == "heads":  # (H,): Press et al.'s slopes, powers of two for H = 2, 4, 8; H = 3: 2^-4, 2^-8, 2^-2
         kw["alibi_slopes"] = _slopes(H)
     elif alibi == "batch":  # (B, H): one slope per sequence and head, FlashAttention's other shape
-        kw["alibi_slopes"] = _bf16(r.uniform(0.05, 1.0, (B, H)))
+        kw["alibi_slopes"] = bf16(r.uniform(0.05, 1.0, (B, H)))
     return kw
 
 
@@ -308,7 +307,7 @@ _case("alibi/blockwise/gqa+softcap/causal", _BW,
 
 
 def _bw_bad(**change):
-    return _bad(partial(_bw, H=3, Hkv=3, mask="padding", alibi="heads", softcap=5.0), **change)
+    return changed(partial(_bw, H=3, Hkv=3, mask="padding", alibi="heads", softcap=5.0), **change)
 
 
 _err("softcap/blockwise-negative", _BW, "ValueError", "softcap", _bw_bad(softcap=lambda kw, r: -1.0))
@@ -321,34 +320,34 @@ _err("alibi/blockwise-rank3", _BW, "ValueError", "alibi_slopes",
              mask=lambda kw, r: kw["mask"][:, 0]),
      note="rank 3 has no head axis for the slopes")
 _err("gqa/blockwise-heads-indivisible", _BW, "ValueError", "k",
-     lambda r: {**_bw(r), "k": _normal(r, B, 4, 7, DK), "v": _normal(r, B, 4, 7, DV)})
+     lambda r: {**_bw(r), "k": normal(r, B, 4, 7, DK), "v": normal(r, B, 4, 7, DV)})
 
 # --------------------------------------------------------------------------
 # multi-head attention with num_kv_heads and rope; the cached self-attention
 
 
-def _params(r, D, H, Hkv):
+def gqa_mha_params(r, D, H, Hkv):
     """mha params with k and v projected to Hkv heads of D / H."""
     s, Dkv = 1.0 / np.sqrt(D), (Hkv or H) * (D // H)
     return {
-        "w_q": _normal(r, D, D, scale=s), "b_q": _normal(r, D, scale=0.1),
-        "w_k": _normal(r, D, Dkv, scale=s), "b_k": _normal(r, Dkv, scale=0.1),
-        "w_v": _normal(r, D, Dkv, scale=s), "b_v": _normal(r, Dkv, scale=0.1),
-        "w_o": _normal(r, D, D, scale=s), "b_o": _normal(r, D, scale=0.1),
+        "w_q": normal(r, D, D, scale=s), "b_q": normal(r, D, scale=0.1),
+        "w_k": normal(r, D, Dkv, scale=s), "b_k": normal(r, Dkv, scale=0.1),
+        "w_v": normal(r, D, Dkv, scale=s), "b_v": normal(r, Dkv, scale=0.1),
+        "w_o": normal(r, D, D, scale=s), "b_o": normal(r, D, scale=0.1),
     }
 
 
 def _mha(r, D=16, H=4, Hkv=2, Lq=5, Lk=7, self_attn=False, mask="none", rope=None, rope_base=10000.0,
          softcap=None):
-    params = _params(r, D, H, Hkv)
-    query = _normal(r, B, Lq, D)
+    params = gqa_mha_params(r, D, H, Hkv)
+    query = normal(r, B, Lq, D)
     if self_attn:
         Lk = Lq
         key, value = query.copy(), query.copy()
     else:
-        key, value = _normal(r, B, Lk, D), _normal(r, B, Lk, D)
+        key, value = normal(r, B, Lk, D), normal(r, B, Lk, D)
     kw = {"query": query, "key": key, "value": value, "params": params, "num_heads": H,
-          "mask": _attn_mask(r, mask, B, H, Lq, Lk), "bias": None, "dropout_p": 0.0, "dropout_mask": None,
+          "mask": attention_mask(r, mask, B, H, Lq, Lk), "bias": None, "dropout_p": 0.0, "dropout_mask": None,
           "num_kv_heads": Hkv}
     if rope is not None:
         kw.update(rope=rope, rope_base=rope_base)
@@ -358,7 +357,7 @@ def _mha(r, D=16, H=4, Hkv=2, Lq=5, Lk=7, self_attn=False, mask="none", rope=Non
 
 
 #: with RoPE the key bias is rotated by the key's position: q . R_j b_k varies with j, not 0
-_ROPE_B_K = {"key_bias": False}
+ROPE_B_K = {"key_bias": False}
 
 _case("gqa/mha/self/causal", _MHA, partial(_mha, self_attn=True, mask="causal"),
       note="D = 16, H = 4 over Hkv = 2: w_k, w_v (16, 8)")
@@ -370,22 +369,22 @@ _case("gqa/mha/h6-hkv3/cross/padding", _MHA, partial(_mha, D=12, H=6, Hkv=3, mas
 _case("gqa/mha/h6-hkv3/rope/self/causal", _MHA,
       partial(_mha, D=24, H=6, Hkv=3, self_attn=True, mask="causal", rope="half"),
       note="a Llama block of H = 6 over Hkv = 3 (G = 2 != Hkv, Dh = 4): GQA, rotate_half RoPE, causal",
-      **_ROPE_B_K)
+      **ROPE_B_K)
 _case("rope/mha/half/gqa/self/causal", _MHA, partial(_mha, self_attn=True, mask="causal", rope="half"),
-      note="a Llama block: GQA, rotate_half RoPE at positions 0..L-1, causal", **_ROPE_B_K)
+      note="a Llama block: GQA, rotate_half RoPE at positions 0..L-1, causal", **ROPE_B_K)
 _case("rope/mha/interleaved/gqa/self/padding+causal", _MHA,
-      partial(_mha, self_attn=True, mask="padding+causal", rope="interleaved", rope_base=500.0), **_ROPE_B_K)
+      partial(_mha, self_attn=True, mask="padding+causal", rope="interleaved", rope_base=500.0), **ROPE_B_K)
 _case("rope/mha/half/cross/padding", _MHA, partial(_mha, D=12, H=3, Hkv=3, mask="padding", rope="half"),
-      note="q at positions 0..Lq-1, k at 0..Lk-1 (absolute, from 0)", **_ROPE_B_K)
+      note="q at positions 0..Lq-1, k at 0..Lk-1 (absolute, from 0)", **ROPE_B_K)
 _case("rope/mha/half/mqa/self/causal", _MHA,
-      partial(_mha, D=12, H=3, Hkv=1, self_attn=True, mask="causal", rope="half"), **_ROPE_B_K)
+      partial(_mha, D=12, H=3, Hkv=1, self_attn=True, mask="causal", rope="half"), **ROPE_B_K)
 _case("softcap/mha/gqa/rope/self/padding+causal", _MHA,
       partial(_mha, self_attn=True, mask="padding+causal", rope="half", softcap=0.5),
-      note="a Gemma-2-style block: GQA, RoPE, scores capped at 0.5 before the mask", **_ROPE_B_K)
+      note="a Gemma-2-style block: GQA, RoPE, scores capped at 0.5 before the mask", **ROPE_B_K)
 
 
-def _incremental(r, chunks, D=16, H=4, Hkv=2, rope="half", rope_base=10000.0, softcap=None):
-    kw = {"x": _normal(r, B, L, D), "params": _params(r, D, H, Hkv), "num_heads": H, "chunks": tuple(chunks),
+def draw_incremental(r, chunks, D=16, H=4, Hkv=2, rope="half", rope_base=10000.0, softcap=None):
+    kw = {"x": normal(r, B, L, D), "params": gqa_mha_params(r, D, H, Hkv), "num_heads": H, "chunks": tuple(chunks),
           "num_kv_heads": Hkv}
     if rope is not None:
         kw.update(rope=rope, rope_base=rope_base)
@@ -394,44 +393,44 @@ def _incremental(r, chunks, D=16, H=4, Hkv=2, rope="half", rope_base=10000.0, so
     return kw
 
 
-_case("rope/cache/gqa/prefill2-singles", _INC, partial(_incremental, chunks=(2, 1, 1, 1)),
+_case("rope/cache/gqa/prefill2-singles", _INC, partial(draw_incremental, chunks=(2, 1, 1, 1)),
       note="a cache of rotated keys (H = 4, Hkv = 2): every position equals the full causal pass",
       key_bias=False)
 _case("rope/cache/gqa/empty-prefill-pairs", _INC,
-      partial(_incremental, chunks=(0, 2, 2, 1), rope="interleaved", rope_base=100.0), key_bias=False,
+      partial(draw_incremental, chunks=(0, 2, 2, 1), rope="interleaved", rope_base=100.0), key_bias=False,
       note="a step of two tokens rotates them at positions length, length + 1")
-_case("rope/cache/mqa/one-pass", _INC, partial(_incremental, chunks=(5,), D=12, H=3, Hkv=1),
+_case("rope/cache/mqa/one-pass", _INC, partial(draw_incremental, chunks=(5,), D=12, H=3, Hkv=1),
       key_bias=False)
-_case("gqa/cache/mqa/singles", _INC, partial(_incremental, chunks=(1, 1, 1, 1, 1), D=12, H=3, Hkv=1,
+_case("gqa/cache/mqa/singles", _INC, partial(draw_incremental, chunks=(1, 1, 1, 1, 1), D=12, H=3, Hkv=1,
                                                    rope=None),
-      key_bias=False, zero=_zero("params.b_k", _KEY_BIAS))
-_case("softcap/cache/gqa/rope/prefill2-pair-single", _INC, partial(_incremental, chunks=(2, 2, 1), softcap=0.5),
+      key_bias=False, zero=declared_zero("params.b_k", KEY_BIAS))
+_case("softcap/cache/gqa/rope/prefill2-pair-single", _INC, partial(draw_incremental, chunks=(2, 2, 1), softcap=0.5),
       key_bias=False, note="each step's scores capped as the full pass's")
 _case("gqa/cache/h6-hkv3/rope/prefill2-single-pair", _INC,
-      partial(_incremental, chunks=(2, 1, 2), D=24, H=6, Hkv=3), key_bias=False,
+      partial(draw_incremental, chunks=(2, 1, 2), D=24, H=6, Hkv=3), key_bias=False,
       note="a cache of Hkv = 3 rotated kv heads for H = 6 query heads (G = 2 != Hkv, Dh = 4)")
 _case("rope/cache/prefill3-pair", _INC,
-      partial(_incremental, chunks=(3, 2), D=12, H=3, Hkv=None), key_bias=False,
+      partial(draw_incremental, chunks=(3, 2), D=12, H=3, Hkv=None), key_bias=False,
       note="num_kv_heads None: H kv heads")
 
 
 def _mha_bad(**change):
-    return _bad(partial(_mha, mask="padding", rope="half"), **change)
+    return changed(partial(_mha, mask="padding", rope="half"), **change)
 
 
 _err("gqa/mha-num_kv_heads-indivisible", _MHA, "ValueError", "num_kv_heads",
      _mha_bad(num_kv_heads=lambda kw, r: 3), note="3 kv heads for 4 query heads")
 _err("gqa/mha-num_kv_heads-0", _MHA, "ValueError", "num_kv_heads", _mha_bad(num_kv_heads=lambda kw, r: 0))
 _err("gqa/mha-w_k-shape", _MHA, "ValueError", "params.w_k",
-     _mha_bad(params=lambda kw, r: {**kw["params"], "w_k": _normal(r, 16, 16)}),
+     _mha_bad(params=lambda kw, r: {**kw["params"], "w_k": normal(r, 16, 16)}),
      note="w_k (D, D) with num_kv_heads = 2: (D, Hkv * Dh) = (16, 8) expected")
 _err("rope/mha-odd-head-width", _MHA, "ValueError", "num_heads",
      lambda r: _mha(r, D=12, H=4, Hkv=2, mask="padding", rope="half"), note="Dh = 3")
 _err("rope/mha-unknown", _MHA, "ValueError", "rope", _mha_bad(rope=lambda kw, r: "neox"))
 _err("softcap/mha-negative", _MHA, "ValueError", "softcap", _mha_bad(softcap=lambda kw, r: -1.0))
 _err("softcap/cache-zero", _INC, "ValueError", "softcap",
-     lambda r: {**_incremental(r, chunks=(2, 1, 1, 1)), "softcap": 0.0})
+     lambda r: {**draw_incremental(r, chunks=(2, 1, 1, 1)), "softcap": 0.0})
 _err("gqa/cache-chunks-sum", _INC, "ValueError", "chunks",
-     lambda r: {**_incremental(r, chunks=(2, 1, 1, 1)), "chunks": (2, 2)})
+     lambda r: {**draw_incremental(r, chunks=(2, 1, 1, 1)), "chunks": (2, 2)})
 _err("gqa/cache-num_kv_heads-indivisible", _INC, "ValueError", "num_kv_heads",
-     lambda r: {**_incremental(r, chunks=(2, 1, 1, 1)), "num_kv_heads": 3})
+     lambda r: {**draw_incremental(r, chunks=(2, 1, 1, 1)), "num_kv_heads": 3})

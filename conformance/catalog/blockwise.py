@@ -1,8 +1,7 @@
 """The long-sequence side of the catalog (docs/SPEC.md 3.22): sliding-window
 masks and blockwise (online-softmax) attention.
 
-Imported at the end of ``conformance.cases`` (it appends to ``CASES`` with
-the same helpers). Dimensions differ within every case: B=2, H=3, Lq=5,
+Dimensions differ within every case: B=2, H=3, Lq=5,
 Lk=7, Dk=4, Dv=6; block sizes 2 and 3 divide neither length, 4 x 4 and one
 block of 128 are there too.
 
@@ -24,48 +23,36 @@ from functools import partial
 
 import numpy as np
 
-from .cases import (
-    _attn_mask, _case, _err, _normal, _pad, _plus_inf, _poison, _valid, _zero, _NO_KEY,
-)
+from .case import NO_KEY, Case, adders, declared_zero
+from .draw import attention_mask, band_keep, normal, padding_keep, plus_inf, poisoned, valid_pairs
+
+CASES: list[Case] = []
+_case, _err = adders(CASES)
 
 B, H, LQ, LK, DK, DV = 2, 3, 5, 7, 4, 6
 _BW = "blockwise_attention"
 
 
-def _band(Lq, Lk, causal, window, align):
-    """The dense structural mask (plain numpy tril/triu, not numpy_ref's), or None."""
-    left, right = (None, None) if window is None else window
-    if causal:
-        right = 0 if right is None else min(right, 0)
-    if left is None and right is None:
-        return None
-    offset = 0 if align == "top_left" else Lk - Lq
-    ones = np.ones((Lq, Lk), dtype=bool)
-    lower = ones if right is None else np.tril(ones, k=offset + right)
-    upper = ones if left is None else np.triu(ones, k=offset - left)
-    return lower & upper
-
-
 def _blockwise(r, Lq=LQ, Lk=LK, mask="none", bias=None, blocks=(2, 3), causal=False, window=None,
                align="top_left", rank=4, scale=None, qk_scale=1.0, poison=None):
     batch = (B, H) if rank == 4 else (B,)
-    kw = {"q": _normal(r, *batch, Lq, DK, scale=qk_scale), "k": _normal(r, *batch, Lk, DK, scale=qk_scale),
-          "v": _normal(r, *batch, Lk, DV)}
-    m = _attn_mask(r, mask, B, H, Lq, Lk)
+    kw = {"q": normal(r, *batch, Lq, DK, scale=qk_scale), "k": normal(r, *batch, Lk, DK, scale=qk_scale),
+          "v": normal(r, *batch, Lk, DV)}
+    m = attention_mask(r, mask, B, H, Lq, Lk)
     if rank == 3 and m is not None and m.ndim == 4:
         m = m[:, 0]
     b = None
     if bias == "full":
-        b = _normal(r, *batch, Lq, Lk)
+        b = normal(r, *batch, Lq, Lk)
     elif bias == "broadcast":
-        b = _normal(r, 1, H, 1, Lk)  # varies along the keys; summed over B and Lq in the gradient
+        b = normal(r, 1, H, 1, Lk)  # varies along the keys; summed over B and Lq in the gradient
     elif bias == "mask_to_bias":
-        b = np.where(_attn_mask(r, "fully-masked", B, H, Lq, Lk), 0.0, -np.inf) + _normal(r, B, H, Lq, Lk)
+        b = np.where(attention_mask(r, "fully-masked", B, H, Lq, Lk), 0.0, -np.inf) + normal(r, B, H, Lq, Lk)
     if poison:  # NaN/inf in the k and v rows that no query may read, structure included
-        band = _band(Lq, Lk, causal, window, align)
+        band = band_keep(Lq, Lk, causal, window, align)
         full = m if band is None else (band if m is None else m & band)
-        unread = ~_valid(full, b, (*batch, Lq, Lk)).any(axis=-2)[..., None]  # (*batch, Lk, 1)
-        kw["k"], kw["v"] = _poison(r, kw["k"], unread, poison), _poison(r, kw["v"], unread, poison)
+        unread = ~valid_pairs(full, b, (*batch, Lq, Lk)).any(axis=-2)[..., None]  # (*batch, Lk, 1)
+        kw["k"], kw["v"] = poisoned(r, kw["k"], unread, poison), poisoned(r, kw["v"], unread, poison)
     return {**kw, "mask": m, "bias": b, "scale": scale, "block_q": blocks[0], "block_k": blocks[1],
             "causal": causal, "window": window, "align": align}
 
@@ -112,7 +99,7 @@ _case("blockwise/length1/query", _BW, partial(_blockwise, Lq=1, mask="padding"))
 _case("blockwise/length1/key", _BW, partial(_blockwise, Lk=1),
       note="one key: out = v whatever the scores, but lse = the score carries q's and k's gradient")
 _case("blockwise/length0/key", _BW, partial(_blockwise, Lk=0),
-      note="Lk = 0: every row empty; out 0, lse -inf, gradients 0", zero=_zero("q k v", _NO_KEY))
+      note="Lk = 0: every row empty; out 0, lse -inf, gradients 0", zero=declared_zero("q k v", NO_KEY))
 
 # causal and windows as structure: computed from positions, whole blocks skipped
 _case("blockwise/causal/top-left/self", _BW, partial(_blockwise, Lk=LQ, causal=True),
@@ -142,8 +129,8 @@ _case("blockwise/poison/causal-tall-mixed", _BW,
       note="NaN/±inf in the keys no query reads, with fully masked rows")
 def _blockwise_plus_inf(r):
     kw = _blockwise(r, mask="padding", bias="full", causal=True, blocks=(2, 2))
-    band = _band(LQ, LK, True, None, "top_left")
-    return {**kw, "bias": _plus_inf(kw["bias"], kw["mask"] & band)}
+    band = band_keep(LQ, LK, True, None, "top_left")
+    return {**kw, "bias": plus_inf(kw["bias"], kw["mask"] & band)}
 
 
 _case("blockwise/poison/plus-inf-bias", _BW, _blockwise_plus_inf, forward_only=True,
@@ -173,9 +160,9 @@ _err("blockwise/window-not-a-pair", _BW, "TypeError", "window", _bw_bad(window=(
 _err("blockwise/window-int", _BW, "TypeError", "window", _bw_bad(window=3))
 _err("blockwise/causal-not-bool", _BW, "TypeError", "causal", _bw_bad(causal=1))
 _err("blockwise/align-unknown", _BW, "ValueError", "align", _bw_bad(align="bottom"))
-_err("blockwise/k-width", _BW, "ValueError", "k", lambda r: {**_blockwise(r), "k": _normal(r, B, H, LK, DK + 1)})
+_err("blockwise/k-width", _BW, "ValueError", "k", lambda r: {**_blockwise(r), "k": normal(r, B, H, LK, DK + 1)})
 _err("blockwise/float-mask", _BW, "TypeError", "mask",
-     lambda r: {**_blockwise(r), "mask": _pad([3, 7], LK).astype(np.float64)})
+     lambda r: {**_blockwise(r), "mask": padding_keep([3, 7], LK).astype(np.float64)})
 _err("masks/sliding-window-negative", "sliding_window_mask", "ValueError", "window",
      lambda r: {"Lq": 5, "Lk": 7, "window": (1, -2), "align": "top_left"})
 _err("masks/sliding-window-none", "sliding_window_mask", "TypeError", "window",

@@ -26,7 +26,7 @@ Their dimensions are the variant cases' (``D = 16``, ``H = 4`` query heads
 over ``Hkv = 2`` key/value heads, ``Dh = 4``; rotary ``"half"``, Hugging
 Face's ``rotate_half``), or the plain cases' (``D = 12``, ``H = 3``) for a
 bidirectional encoder (BERT), where ``encoder_layer`` is the whole post-norm
-block. Imported at the end of ``conformance.cases``.
+block.
 """
 from __future__ import annotations
 
@@ -34,8 +34,12 @@ from functools import partial
 
 import numpy as np
 
-from .cases import _KEY_BIAS, _case, _causal, _encoder_relu_margin, _layer_params, _normal, _zero
-from .cases_variants import _ROPE_B_K, _incremental, _params
+from .case import KEY_BIAS, Case, adders, declared_zero
+from .draw import causal_keep, encoder_relu_margin, layer_params, normal
+from .variants import ROPE_B_K, draw_incremental, gqa_mha_params
+
+CASES: list[Case] = []
+_case, _ = adders(CASES)
 
 B, L = 3, 7
 #: one length per sequence: a short one, a full one, a middle one
@@ -63,17 +67,17 @@ def _mask(kind):
     """The spec's bool mask (``True`` = attend) of the named kind."""
     masks = {
         "left-padding": lambda: _key_padding(LENGTHS, left=True),
-        "left-padding+causal": lambda: _key_padding(LENGTHS, left=True) & _causal(L, L),
+        "left-padding+causal": lambda: _key_padding(LENGTHS, left=True) & causal_keep(L, L),
         "padding/empty-sequence": lambda: _key_padding(EMPTY),
-        "padding+causal/empty-sequence": lambda: _key_padding(EMPTY) & _causal(L, L),
-        "window+padding+causal": lambda: _key_padding(LENGTHS) & _causal(L, L) & _window(*WINDOW),
+        "padding+causal/empty-sequence": lambda: _key_padding(EMPTY) & causal_keep(L, L),
+        "window+padding+causal": lambda: _key_padding(LENGTHS) & causal_keep(L, L) & _window(*WINDOW),
     }
     return masks[kind]()
 
 
 def _self_mha(r, mask, D=16, H=4, Hkv=2, rope="half", rope_base=10000.0, softcap=None):
-    x = _normal(r, B, L, D)
-    kw = {"query": x, "key": x.copy(), "value": x.copy(), "params": _params(r, D, H, Hkv), "num_heads": H,
+    x = normal(r, B, L, D)
+    kw = {"query": x, "key": x.copy(), "value": x.copy(), "params": gqa_mha_params(r, D, H, Hkv), "num_heads": H,
           "mask": _mask(mask), "bias": None, "dropout_p": 0.0, "dropout_mask": None, "num_kv_heads": Hkv}
     if rope is not None:
         kw.update(rope=rope, rope_base=rope_base)
@@ -86,15 +90,15 @@ _MHA = "multi_head_attention"
 
 # a decoder block's attention (Llama, Qwen2, Mistral, Gemma 2): causal, GQA, RoPE
 _case("rope/mha/half/gqa/self/left-padding+causal", _MHA, partial(_self_mha, mask="left-padding+causal"),
-      note="pads first: the pad queries before a sequence's first token have no key (out = b_o)", **_ROPE_B_K)
+      note="pads first: the pad queries before a sequence's first token have no key (out = b_o)", **ROPE_B_K)
 _case("rope/mha/half/gqa/self/padding+causal/empty-sequence", _MHA,
       partial(_self_mha, mask="padding+causal/empty-sequence"),
-      note="lengths 5, 7, 0: every query of the third sequence is fully masked", **_ROPE_B_K)
+      note="lengths 5, 7, 0: every query of the third sequence is fully masked", **ROPE_B_K)
 _case("rope/mha/half/gqa/self/window+padding+causal", _MHA, partial(_self_mha, mask="window+padding+causal"),
-      note="a sliding window of 3 keys (p-2..p), causal, right padding: sliding_window = 3", **_ROPE_B_K)
+      note="a sliding window of 3 keys (p-2..p), causal, right padding: sliding_window = 3", **ROPE_B_K)
 _case("softcap/mha/gqa/rope/self/window+padding+causal", _MHA,
       partial(_self_mha, mask="window+padding+causal", softcap=0.5),
-      note="a Gemma-2 local layer: the scores capped at 0.5, then the window of 3 keys", **_ROPE_B_K)
+      note="a Gemma-2 local layer: the scores capped at 0.5, then the window of 3 keys", **ROPE_B_K)
 
 # a bidirectional encoder's attention (BERT): no rope, every head its own keys
 _case("mha/self/left-padding", _MHA, partial(_self_mha, mask="left-padding", D=12, H=3, Hkv=3, rope=None),
@@ -106,8 +110,8 @@ _case("mha/self/padding/empty-sequence", _MHA,
 
 def _bert_layer(r, mask):
     D, H, F = 12, 3, 20
-    return _encoder_relu_margin({
-        "x": _normal(r, B, L, D), "params": _layer_params(r, D, F), "num_heads": H, "mask": _mask(mask),
+    return encoder_relu_margin({
+        "x": normal(r, B, L, D), "params": layer_params(r, D, F), "num_heads": H, "mask": _mask(mask),
         "norm_first": False, "activation": "gelu", "eps": 1e-12, "dropout_p": 0.0, "dropout_masks": None,
     })
 
@@ -122,11 +126,11 @@ _case("encoder_layer/post/gelu/empty-sequence", "encoder_layer", partial(_bert_l
 # the plain cache (no GQA, no RoPE): what a layer with a decode cache but neither variant
 # (Flax's MultiHeadAttention(decode=True), one token a step) can be certified on
 def _plain_cache(r, chunks):
-    return _incremental(r, chunks=chunks, D=12, H=3, Hkv=None, rope=None)
+    return draw_incremental(r, chunks=chunks, D=12, H=3, Hkv=None, rope=None)
 
 
 _case("mha/cache/singles", "self_attention_incremental", partial(_plain_cache, chunks=(1, 1, 1, 1, 1)),
-      key_bias=False, zero=_zero("params.b_k", _KEY_BIAS),
+      key_bias=False, zero=declared_zero("params.b_k", KEY_BIAS),
       note="one token a step from an empty cache: every position equals the full causal pass")
 _case("mha/cache/prefill3-pair", "self_attention_incremental", partial(_plain_cache, chunks=(3, 2)),
-      key_bias=False, zero=_zero("params.b_k", _KEY_BIAS), note="a prefill of 3, then a step of 2 tokens")
+      key_bias=False, zero=declared_zero("params.b_k", KEY_BIAS), note="a prefill of 3, then a step of 2 tokens")
