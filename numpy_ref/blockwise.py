@@ -237,8 +237,9 @@ def _forward(q, k, v, mask, bias, score, sched):
             s, valid, k_b, v_b, _, _ = _scores(q, k, v, mask, bias, score, sched, q0, q1, k0, k1)
             m_new = np.maximum(m, np.max(np.where(valid, s, -np.inf), axis=-1, keepdims=True))
             m_use = np.where(m_new == -np.inf, 0, m_new)  # a row with nothing valid yet: no -inf - -inf
-            alpha = np.exp(m - m_use)  # rescales the old terms; 0 while m = -inf
-            p = np.where(valid, np.exp(np.where(valid, s, m_use) - m_use), 0)  # (*batch, bq, bk)
+            with np.errstate(invalid="ignore"):  # a valid +inf score: inf - inf, the row NaN by rule (3.3)
+                alpha = np.exp(m - m_use)  # rescales the old terms; 0 while m = -inf
+                p = np.where(valid, np.exp(np.where(valid, s, m_use) - m_use), 0)  # (*batch, bq, bk)
             l = alpha * l + p.sum(axis=-1, keepdims=True)
             acc = alpha * acc + p @ v_b  # (*batch, bq, Dv)
             m = m_new

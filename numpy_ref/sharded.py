@@ -171,7 +171,8 @@ def _merge(outs, lses):
     """``(out, lse, w)`` in the compute dtype; ``w_i = exp(lse_i - lse)`` (0 for empty parts and rows)."""
     m = np.max(lses, axis=0)  # (*batch, Lq)
     m_use = np.where(m == -np.inf, 0, m)  # an all-empty row: no -inf - -inf
-    e = np.exp(lses - m_use)  # (S, *batch, Lq): 0 for an empty part
+    with np.errstate(invalid="ignore"):  # an lse_i = +inf: inf - inf, the row NaN by rule (SPEC 3.3)
+        e = np.exp(lses - m_use)  # (S, *batch, Lq): 0 for an empty part
     total = e.sum(axis=0)  # (*batch, Lq)
     empty = total == 0
     w = e / np.where(empty, 1, total)  # (S, *batch, Lq); all 0 for an empty row

@@ -273,3 +273,17 @@ def test_jobs_must_be_a_positive_integer_or_auto(capsys):
     with pytest.raises(SystemExit):
         main(["--jobs", "0"])
     assert "--jobs: expected a positive integer, got '0'" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_the_reference_runs_the_whole_catalog_without_a_runtime_warning():
+    """By-design NaN and inf (the poison cases, a valid +inf score, SPEC 3.3-3.4a) are computed
+    under ``np.errstate``: no RuntimeWarning reaches a user of the reference. Under this
+    filter a warning raises inside the case, which then fails."""
+    from conformance.fixtures import DEFAULT_DIR
+    from conformance.runner import load_all, run
+
+    fixtures, broken = load_all(str(DEFAULT_DIR))
+    outcomes = run([NumpyBackend()], fixtures, ("float64", "float32"))
+    assert broken == [] and len(fixtures) > 500
+    assert [(o.case, o.dtype, o.problems[:1]) for o in outcomes if o.status != "pass"] == []
