@@ -279,3 +279,20 @@ def _embed(table, tokens):
     V = table.shape[0]
     tokens = jnp.where(tokens < 0, V, tokens)  # negative indices would wrap; send them out of range
     return jnp.take(table, tokens, axis=0, mode="fill", fill_value=jnp.nan)  # (*tokens.shape, E)
+
+
+def alibi(slopes, Lq, Lk, offset=0, bias=None):
+    """ALiBi's symmetric bias of multi-head attention and the cache, ``(H, Lq, Lk)``:
+    ``-slope_h · |p_i - j|`` with ``p_i = i + offset`` (SPEC 3.23; ``offset``
+    may be traced, the cache's filled length), computed in float32 for half
+    slopes and rounded once to the slopes' dtype (numpy_ref's ``alibi``), plus
+    ``bias`` when given (rounded once; broadcast to ``(..., H, Lq, Lk)``);
+    ``bias`` itself when ``slopes`` is None."""
+    if slopes is None:
+        return bias
+    slopes = jnp.asarray(slopes)
+    s = upcast(slopes)  # (H,)
+    p = jnp.arange(Lq)[:, None] + offset  # (Lq, 1)
+    dist = jnp.abs(p - jnp.arange(Lk)[None, :]).astype(s.dtype)  # (Lq, Lk), exact integers
+    a = (-(s[:, None, None] * dist)).astype(slopes.dtype)  # (H, Lq, Lk)
+    return a if bias is None else (upcast(jnp.asarray(bias)) + upcast(a)).astype(slopes.dtype)

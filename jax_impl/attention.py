@@ -43,6 +43,7 @@ from ._checks import _key, float_dtype, rules
 from ._ops import (
     _add_broadcast,
     _softcap,
+    alibi,
     apply_dropout,
     attention_scale,
     keep_mask,
@@ -198,7 +199,7 @@ def _additive_hidden(query, keys, params):
 def multi_head_attention(
     query, key, value, params, num_heads, *, mask=None, bias=None,
     dropout_p=0.0, dropout_mask=None, rng=None, num_kv_heads=None, rope=None, rope_base=10000.0,
-    softcap=None,
+    softcap=None, alibi_slopes=None,
 ):
     """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
 
@@ -209,7 +210,8 @@ def multi_head_attention(
     attention; ``Hkv = 1`` multi-query); ``rope`` rotates the query heads at
     positions ``arange(Lq)`` and the key heads at ``arange(Lk)``; ``softcap``
     caps each head's scaled scores, ``cap · tanh(s / cap)``, before the bias
-    and the mask (Gemma 2).
+    and the mask (Gemma 2); ``alibi_slopes`` adds ``-slope_h · |i - j|`` to
+    head ``h``'s scores (ALiBi, a bias in the input dtype, SPEC 3.23).
 
     Args:
       query: ``(B, Lq, D)``.
@@ -224,6 +226,7 @@ def multi_head_attention(
       rope: None, ``"half"`` or ``"interleaved"`` (static), the rotary
         convention; rope_base: its frequency base (static).
       softcap: None or a positive float (static), the cap of the scores.
+      alibi_slopes: None or float ``(H,)``, the ALiBi slope of each query head.
 
     Returns:
       ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
@@ -231,9 +234,10 @@ def multi_head_attention(
       ``out`` row is ``b_o``.
     """
     Hkv = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
-                    num_kv_heads, rope, rope_base, softcap)  # SPEC 3.8
+                    num_kv_heads, rope, rope_base, softcap, alibi_slopes)  # SPEC 3.8
     # SPEC 3.4a: a position no query of any head may attend is never read
     read = read_positions(read_keys(mask, bias))  # (B|1, Lk, 1) or None
+    bias = alibi(alibi_slopes, query.shape[1], key.shape[1], 0, bias)  # (..., H, Lq, Lk): + ALiBi
     key, value = unread_to_zero(key, read), unread_to_zero(value, read)  # (B, Lk, D)
     # 1) project, 2) split heads
     qh, kh, vh = _project_heads(query, key, value, params, num_heads, Hkv)  # (B, H|Hkv, Lq|Lk, Dh)

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 from ._checks import float_dtype, rules
 from ._ops import (
     _add_broadcast,
+    alibi,
     merge_heads,
     read_keys,
     read_positions,
@@ -97,7 +98,7 @@ def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=jnp.flo
 
 
 def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=None,
-                        rope_base=10000.0, softcap=None):
+                        rope_base=10000.0, softcap=None, alibi_slopes=None):
     """Multi-head self-attention of ``T`` new tokens against the cache.
 
     ``k, v = rope(split_heads(x @ w_k + b_k)), split_heads(x @ w_v + b_v)``
@@ -105,7 +106,8 @@ def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=
     none) are written to slots ``[length, length + T)`` of a new cache; the
     queries ``rope(split_heads(x @ w_q + b_q))`` at positions ``length + t``
     attend the slots ``j <= length + t``, query head ``h`` reading cached
-    head ``h // (H / Hkv)`` (scores soft-capped with ``softcap``);
+    head ``h // (H / Hkv)`` (scores soft-capped with ``softcap``; with
+    ``alibi_slopes``, ``-slope_h · (p - j)`` added from the absolute positions);
     ``out = concat(heads) @ w_o + b_o``.
 
     Args:
@@ -115,7 +117,8 @@ def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=
       cache: ``{"k", "v": (B, Hkv, C, Dh), "length"}``, not modified.
       num_kv_heads: ``Hkv`` (static), None = ``H``; rope: None, ``"half"``
         or ``"interleaved"``; rope_base: its base (static); softcap: None or
-        a positive float (static), the cap of the scores.
+        a positive float (static), the cap of the scores; alibi_slopes: None
+        or float ``(H,)``, the ALiBi slope of each query head.
 
     Returns:
       ``(out (B, T, D), new_cache)`` with ``new_cache["length"] = length + T``.
@@ -124,12 +127,12 @@ def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=
       ValueError.
     """
     Hkv = rules.self_attention_step(x, params, num_heads, cache, num_kv_heads, rope,
-                                    rope_base, softcap)  # shapes, dtypes, overflow when concrete
-    return _self_attention_step(x, params, num_heads, cache, Hkv, rope, rope_base, softcap)
+                                    rope_base, softcap, alibi_slopes)  # shapes, dtypes, overflow when concrete
+    return _self_attention_step(x, params, num_heads, cache, Hkv, rope, rope_base, softcap, alibi_slopes)
 
 
 def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=None, rope_base=10000.0,
-                         softcap=None):
+                         softcap=None, alibi_slopes=None):
     T = x.shape[1]
     C = cache["k"].shape[2]
     length = cache["length"]  # int32 0-d, traced under jit
@@ -143,7 +146,8 @@ def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=No
     k_all = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)  # (B, Hkv, C, Dh)
     v_all = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)  # (B, Hkv, C, Dh)
     mask = jnp.arange(C, dtype=LENGTH_DTYPE)[None, :] <= position[:, None]  # (T, C), bottom-right causal
-    heads, _ = scaled_dot_product_attention(q, k_all, v_all, mask, softcap=softcap)  # (B, H, T, Dh); GQA by the shapes
+    bias = alibi(alibi_slopes, T, C, length)  # (H, T, C): -slope_h |p - j| at p = length + t, or None
+    heads, _ = scaled_dot_product_attention(q, k_all, v_all, mask, bias, softcap=softcap)  # (B, H, T, Dh); GQA by the shapes
     out = _add_broadcast(merge_heads(heads) @ params["w_o"], params["b_o"])  # (B, T, D)
     # overflow under jit: dynamic_update_slice clamped the start and overwrote
     # filled slots; poison everything it touched instead of returning garbage
@@ -153,30 +157,32 @@ def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=No
 
 
 def self_attention_incremental(x, params, num_heads, *, chunks, num_kv_heads=None, rope=None,
-                               rope_base=10000.0, softcap=None):
+                               rope_base=10000.0, softcap=None, alibi_slopes=None):
     """Self-attention run chunk by chunk through a cache, outputs concatenated.
 
     An empty cache of capacity ``L``, then :func:`self_attention_step` on
     ``x[:, s:s + T]`` for each ``T`` in ``chunks``. THE LAW: equals
     ``multi_head_attention(x, x, x, params, num_heads, mask=causal_mask(L),
-    num_kv_heads=num_kv_heads, rope=rope, rope_base=rope_base, softcap=softcap)[0]``.
+    num_kv_heads=num_kv_heads, rope=rope, rope_base=rope_base, softcap=softcap,
+    alibi_slopes=alibi_slopes)[0]``.
 
     Args:
       x: ``(B, L, D)``; params: mha params; num_heads: ``H`` (static).
       chunks: ints ``>= 0`` summing to ``L`` (static), e.g. ``(3, 1, 1)``.
-      num_kv_heads, rope, rope_base, softcap: as :func:`self_attention_step` (static).
+      num_kv_heads, rope, rope_base, softcap: as :func:`self_attention_step` (static);
+      alibi_slopes: None or float ``(H,)``.
 
     Returns:
       ``(B, L, D)``. ``jax.grad`` through it gives the full causal pass's gradients.
     """
     chunks, Hkv = rules.self_attention_incremental(x, params, num_heads, chunks, num_kv_heads, rope,
-                                                   rope_base, softcap)
+                                                   rope_base, softcap, alibi_slopes)
     B, L, D = x.shape
     cache = _empty_cache(B, Hkv, L, D // num_heads, x.dtype)
 
     def step(cache, start, T):  # the T positions from ``start`` (a traced index inside a scan)
         out, cache = _self_attention_step(jax.lax.dynamic_slice_in_dim(x, start, T, axis=1), params,
-                                          num_heads, cache, Hkv, rope, rope_base, softcap)
+                                          num_heads, cache, Hkv, rope, rope_base, softcap, alibi_slopes)
         return cache, out  # (B, T, D)
 
     return _run_chunks(step, cache, chunks, x)  # (B, L, D)

@@ -88,8 +88,14 @@ _OPS = _core.ArrayOps(
 )
 
 
-def mha_params_to_torch(params):
+def mha_params_to_torch(params, num_heads=None, num_kv_heads=None):
     """Canonical attention params -> ``nn.MultiheadAttention`` state dict.
+
+    Grouped-query params (``num_kv_heads = Hkv < H``, ``w_k``, ``w_v``
+    ``(D, Hkv·Dh)``): ``nn.MultiheadAttention`` has no grouped heads, so each
+    kv head's columns of ``w_k``, ``b_k``, ``w_v``, ``b_v`` are repeated for the
+    ``G = H / Hkv`` query heads that read it (head ``h`` gets kv head
+    ``h // G``), which computes exactly the grouped attention.
 
     ``in_proj_weight = [w_qᵀ; w_kᵀ; w_vᵀ]``, ``in_proj_bias = [b_q; b_k; b_v]``,
     ``out_proj.weight = w_oᵀ``, ``out_proj.bias = b_o``.
@@ -97,6 +103,8 @@ def mha_params_to_torch(params):
     Args:
       params: ``{"w_q": (D, D), "b_q": (D,), "w_k", "b_k", "w_v", "b_v",
         "w_o": (D, D), "b_o": (D,)}``, weights ``(in, out)``.
+      num_heads, num_kv_heads: ``H`` and ``Hkv`` for grouped params (None:
+        square params, as ``nn.MultiheadAttention``'s).
 
     Returns:
       ``{"in_proj_weight": (3D, D), "in_proj_bias": (3D,),
@@ -104,11 +112,16 @@ def mha_params_to_torch(params):
       ``(out, in)``, JAX arrays (``torch.from_numpy(np.asarray(a))`` each
       before ``nn.MultiheadAttention(D, H, batch_first=True).load_state_dict``).
     """
-    return _core.mha_params_to_torch(_OPS, params)
+    return _core.mha_params_to_torch(_OPS, params, num_heads, num_kv_heads)
 
 
-def mha_params_from_torch(state):
+def mha_params_from_torch(state, num_heads=None, num_kv_heads=None):
     """``nn.MultiheadAttention`` state dict -> canonical attention params.
+
+    With ``num_kv_heads`` (and ``num_heads``), the inverse of the grouped
+    :func:`mha_params_to_torch`: the ``G`` equal k/v heads of each group are
+    collapsed to one; heads of a group that differ are a ValueError naming
+    ``num_kv_heads`` (the module is not a grouped one).
 
     ``[w_qᵀ; w_kᵀ; w_vᵀ] = in_proj_weight``, ``[b_q; b_k; b_v] = in_proj_bias``,
     ``w_o = out_proj.weightᵀ``, ``b_o = out_proj.bias``. Also maps gradients:
@@ -120,11 +133,13 @@ def mha_params_from_torch(state):
         ignored), JAX arrays or array-likes (numpy arrays, CPU torch
         tensors). Modules built with ``kdim``/``vdim`` different from ``D``
         store separate ``q_proj_weight``... and are not supported.
+      num_heads, num_kv_heads: ``H`` and ``Hkv`` to collapse the k/v heads
+        to (None: the square params).
 
     Returns:
       ``{"w_q": (D, D), "b_q": (D,), ..., "w_o": (D, D), "b_o": (D,)}``.
     """
-    return _core.mha_params_from_torch(_OPS, state)
+    return _core.mha_params_from_torch(_OPS, state, num_heads, num_kv_heads)
 
 
 def encoder_layer_params_to_torch(params):

@@ -73,17 +73,21 @@ def shard_positions(L, num_shards, *, layout="contiguous"):
     return _ring.shard_positions(L, N, layout)
 
 
-def ring_schedule(Lq, Lk, num_shards, *, causal=False, align="top_left", layout="contiguous"):
+def ring_schedule(Lq, Lk, num_shards, *, causal=False, window=None, align="top_left", layout="contiguous"):
     """Which steps of the ring each device computes, and its work.
+
+    A step whose (query shard, key shard) pair the structure masks entirely
+    (outside the causal triangle or the sliding window's band, decided from
+    global positions) is skipped.
 
     Returns:
       a ``RingSchedule`` (the same object as numpy_ref's): ``q_positions``,
       ``k_positions`` ``(N, L / N)``, ``visible[r, s]`` (the visible pairs of
-      device ``r`` at step ``s``), ``computed``, ``kv_shard(r, s)``,
-      ``work()`` (blocks and pairs per device, and the imbalance max/mean),
-      ``sends()``.
+      device ``r`` at step ``s``), ``computed``, ``steps`` and ``skipped``
+      (over all devices), ``kv_shard(r, s)``, ``work()`` (blocks and pairs
+      per device, and the imbalance max/mean), ``sends()``.
     """
-    return _ring.ring_schedule(*rules.ring_schedule(Lq, Lk, num_shards, causal, align, layout))
+    return _ring.ring_schedule(*rules.ring_schedule(Lq, Lk, num_shards, causal, align, layout, window))
 
 
 def shard_sequence(x, num_shards, *, layout="contiguous", axis=-2):
@@ -175,12 +179,14 @@ def _merge_two(a, b):
 # the ring
 
 
-def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_left",
-                   layout="contiguous", num_shards=None, mesh=None, axis_name=None):
+def ring_attention(q, k, v, mask=None, scale=None, *, bias=None, causal=False, window=None, align="top_left",
+                   layout="contiguous", num_shards=None, softcap=None, alibi_slopes=None, mesh=None,
+                   axis_name=None):
     """Sequence-parallel (ring) attention over the devices of a mesh axis.
 
-    Equal (to rounding) to ``blockwise_attention(q, k, v, mask, scale=scale,
-    causal=causal, align=align)``: ``(out, lse)`` in sequence order, for any
+    Equal (to rounding) to ``blockwise_attention(q, k, v, mask, bias,
+    scale=scale, causal=causal, window=window, align=align, softcap=softcap,
+    alibi_slopes=alibi_slopes)``: ``(out, lse)`` in sequence order, for any
     layout and shard count. The global view: ``q``, ``k``, ``v`` are whole
     arrays (sharded or not); the function places them on the ring.
 
@@ -231,12 +237,22 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
         ``Hkv`` dividing ``H`` (grouped-query).
       mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
       scale: optional float (static); ``1 / sqrt(Dk)`` by default.
+      bias: optional float, broadcastable to ``(*batch, Lq, Lk)`` (global
+        positions; its rows travel with the queries, as the mask's), added to
+        the scores; ``-inf`` entries count as masked. Differentiable.
       causal: key ``j`` visible from query ``i`` iff ``j <= i + offset``.
+      window: None or ``(left, right)`` (static): query ``i`` sees keys
+        ``p - left <= j <= p + right``, ``p = i + offset``; steps outside the
+        band are skipped.
       align: ``"top_left"`` (``offset = 0``) or ``"bottom_right"`` (``Lk - Lq``).
       layout: ``"contiguous"`` or ``"zigzag"`` (:func:`shard_positions`).
       num_shards: the devices of the ring; with ``mesh=None`` a 1-D mesh over
         the first ``num_shards`` of ``jax.devices()`` (None: all of them).
         Divides ``Lq`` and ``Lk`` (twice over for zigzag).
+      softcap: None or a positive float (static): ``cap · tanh(q kᵀ · scale / cap)``
+        before the bias and the mask.
+      alibi_slopes: None or float ``(H,)`` or ``(B, H)`` (replicated):
+        ``-slope_h · |p_i - j|`` from global positions. Differentiable.
       mesh: optional ``jax.sharding.Mesh``; the ring runs over ``axis_name``
         (``num_shards``, if given, must be its size); other axes replicate.
       axis_name: the mesh axis of the sequence; default the mesh's only axis
@@ -247,12 +263,13 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
       inputs. Global arrays, sharded over the ring's axis in contiguous blocks
       of the sequence.
     """
-    G, N = rules.ring_attention(q, k, v, mask, scale, causal, align, layout,
-                                _ring_size(num_shards, mesh, axis_name))  # SPEC 3.24
+    G, N, window = rules.ring_attention(q, k, v, mask, scale, causal, align, layout,
+                                        _ring_size(num_shards, mesh, axis_name), bias, window, softcap,
+                                        alibi_slopes)  # SPEC 3.24
     mesh, axis_name = _ring_mesh(N, mesh, axis_name)
     run = _ring_program(mesh, axis_name, None if scale is None else float(scale), bool(causal), align,
-                        layout, G, mask is not None)
-    return run(q, k, v, mask)
+                        layout, G, mask is not None, window, None if softcap is None else float(softcap))
+    return run(q, k, v, mask, bias, alibi_slopes)
 
 
 def _ring_size(num_shards, mesh, axis_name):
@@ -297,20 +314,20 @@ def _mesh_of(devices, shape, names):
 
 
 @functools.lru_cache(maxsize=None)
-def _ring_program(mesh, axis, scale, causal, align, layout, G, has_mask):
+def _ring_program(mesh, axis, scale, causal, align, layout, G, has_mask, window=None, softcap=None):
     """The jitted ring for one static configuration (retraced per shape/dtype
     only; inside an outer ``jit`` it is inlined)."""
     N = mesh.shape[axis]
 
     @jax.jit
-    def run(q, k, v, mask):
+    def run(q, k, v, mask, bias, slopes):
         *batch, Lq, _ = q.shape
         Lk, Dv = k.shape[-2], v.shape[-1]
         dtype = q.dtype
         lse_dtype = jnp.float32 if dtype in HALF_DTYPES else dtype
         if Lq == 0 or Lk == 0:
             return jnp.zeros((*batch, Lq, Dv), dtype), jnp.full((*batch, Lq), -jnp.inf, lse_dtype)
-        sched = _ring.ring_schedule(Lq, Lk, N, causal, align, layout)
+        sched = _ring.ring_schedule(Lq, Lk, N, causal, align, layout, window)
         # in sequence order, cut in N contiguous blocks (a local slice of a replicated array, nothing
         # moves for one sharded that way); the body places them in the layout's order itself
         seq = (None,) * len(batch)
@@ -321,7 +338,18 @@ def _ring_program(mesh, axis, scale, causal, align, layout, G, has_mask):
             mask = mask.reshape((1,) * (q.ndim - mask.ndim) + mask.shape)  # (*bb, Lq|1, Lk|1)
             specs.append(P(*seq, axis if mask.shape[-2] > 1 else None, None))  # rows with the queries
             args.append(mask)
-        body = functools.partial(_ring_body, sched=sched, axis=axis, scale=scale, G=G)
+        if bias is not None:
+            bias = jnp.asarray(bias)
+            bias = bias.reshape((1,) * (q.ndim - bias.ndim) + bias.shape)  # (*bb, Lq|1, Lk|1)
+            specs.append(P(*seq, axis if bias.shape[-2] > 1 else None, None))  # rows with the queries
+            args.append(bias)
+        if slopes is not None:
+            slopes = jnp.asarray(slopes)
+            slopes = slopes.reshape((1,) * (2 - slopes.ndim) + slopes.shape)  # (B|1, H), replicated
+            specs.append(P(None, None))
+            args.append(slopes)
+        body = functools.partial(_ring_body, sched=sched, axis=axis, scale=scale, G=G, has_mask=mask is not None,
+                                 has_bias=bias is not None, has_slopes=slopes is not None, softcap=softcap)
         out, lse = jax.shard_map(body, mesh=mesh, in_specs=tuple(specs),
                                  out_specs=(P(*seq, axis, None), P(*seq, axis)),
                                  check_vma=False)(*args)
@@ -381,16 +409,23 @@ def _key_columns(mask, j, nk, N, layout):
                             lax.dynamic_slice_in_dim(mask, (2 * N - 1 - j) * half, half, axis=-1)], axis=-1)
 
 
-def _ring_body(q, k, v, mask=None, *, sched, axis, scale, G):
+def _ring_body(q, k, v, *extras, sched, axis, scale, G, has_mask, has_bias, has_slopes, softcap):
     """One device of the ring (inside ``shard_map``): ``q (*batch, nq, Dk)``,
     ``k``/``v`` ``(*batch_kv, nk, D)`` its contiguous blocks of the sequence,
-    ``mask (*bb, nq|1, Lk|1)`` its rows (columns whole). Returns its
-    contiguous block of ``(out, lse)`` in the compute dtype."""
+    then those of ``extras`` given: ``mask (*bb, nq|1, Lk|1)`` and
+    ``bias (*bb, nq|1, Lk|1)`` its rows (columns whole), ``slopes (B|1, H)``
+    whole. Returns its contiguous block of ``(out, lse)`` in the compute dtype."""
     N, nq, nk, layout = sched.num_shards, q.shape[-2], k.shape[-2], sched.layout
+    extras = list(extras)
+    mask = extras.pop(0) if has_mask else None
+    bias = extras.pop(0) if has_bias else None
+    slopes = extras.pop(0) if has_slopes else None
     r = lax.axis_index(axis)
     q, k, v = (_to_layout(x, -2, r, N, layout, axis) for x in (q, k, v))
     if mask is not None and mask.shape[-2] > 1:
         mask = _to_layout(mask, -2, r, N, layout, axis)  # rows: this device's queries
+    if bias is not None and bias.shape[-2] > 1:
+        bias = _to_layout(bias, -2, r, N, layout, axis)
     qf = upcast(q) * attention_scale(q, scale)  # scale folded into q, as blockwise_attention
     q_pos = jnp.asarray(sched.q_positions)[r]  # (nq,) global positions of the held queries
     k_table = jnp.asarray(sched.k_positions)  # (N, nk)
@@ -403,13 +438,24 @@ def _ring_body(q, k, v, mask=None, *, sched, axis, scale, G):
 
         def compute(carry):
             allowed = None
-            if sched.causal:  # from global positions: zigzag shards are not contiguous
-                allowed = k_table[j][None, :] <= q_pos[:, None] + sched.offset  # (nq, nk)
+            p = q_pos[:, None] + sched.offset  # (nq, 1) from global positions: zigzag shards are not contiguous
+            if sched.left is not None:
+                allowed = k_table[j][None, :] >= p - sched.left  # (nq, nk)
+            if sched.right is not None:
+                right = k_table[j][None, :] <= p + sched.right
+                allowed = right if allowed is None else allowed & right
             if mask is not None:
                 m = mask if mask.shape[-1] == 1 else _key_columns(mask, j, nk, N, layout)  # (*bb, nq|1, nk)
                 allowed = m if allowed is None else allowed & m  # (*bb, nq|1, nk|1)
+            b = None
+            if bias is not None:
+                b = upcast(bias if bias.shape[-1] == 1 else _key_columns(bias, j, nk, N, layout))  # (*bb, nq|1, nk|1)
+            if slopes is not None:  # ALiBi from global positions
+                dist = jnp.abs(p - k_table[j][None, :]).astype(qf.dtype)  # (nq, nk)
+                alibi = -upcast(slopes)[..., None, None] * dist  # (B|1, H, nq, nk)
+                b = alibi if b is None else b + alibi
             kf, vf = repeat_kv(upcast(k_j), G), repeat_kv(upcast(v_j), G)  # Hkv -> H heads
-            part = _attend_blocks(qf, kf, vf, allowed, None, block)  # (*batch, nq, Dv), (*batch, nq)
+            part = _attend_blocks(qf, kf, vf, allowed, b, block, softcap)  # (*batch, nq, Dv), (*batch, nq)
             return _merge_two(carry, part)
 
         return lax.cond(computed[r, s], compute, lambda c: c, carry)

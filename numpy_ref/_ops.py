@@ -237,3 +237,33 @@ def _distance(q0, q1, k0, k1, offset, dtype=np.float64):
     keys ``[k0, k1)``: ``(q1 - q0, k1 - k0)``, exact integers in ``dtype``."""
     p = np.arange(q0, q1, dtype=np.int64)[:, None] + offset  # (bq, 1)
     return (p - np.arange(k0, k1, dtype=np.int64)[None, :]).astype(dtype)  # (bq, bk)
+
+
+def alibi(slopes, Lq, Lk, offset=0, bias=None):
+    """ALiBi's symmetric bias of multi-head attention and the cache, ``(H, Lq, Lk)``:
+    ``-slope_h · |p_i - j|`` with ``p_i = i + offset`` (SPEC 3.23), computed in
+    float32 for half slopes and rounded once to the slopes' dtype, so it is
+    added as a bias of that dtype would be; plus ``bias`` when given (rounded
+    once), broadcast to ``(..., H, Lq, Lk)``. ``bias`` itself when ``slopes`` is None."""
+    if slopes is None:
+        return bias
+    s = upcast(slopes)  # (H,)
+    dist = np.abs(_distance(0, Lq, 0, Lk, offset, s.dtype))  # (Lq, Lk), exact integers
+    a = (-(s[:, None, None] * dist)).astype(slopes.dtype, copy=False)  # (H, Lq, Lk)
+    if bias is None:
+        return a
+    with np.errstate(invalid="ignore"):  # a poisoned bias stays NaN
+        return (upcast(bias) + upcast(a)).astype(slopes.dtype, copy=False)  # (..., H, Lq, Lk)
+
+
+def _alibi_backward(d_all, bias, slopes, offset=0):
+    """The transpose of :func:`alibi` with a bias: from the gradient ``d_all``
+    of ``bias + alibi`` (``(..., H, Lq, Lk)``), ``d bias`` (its own shape, or
+    None) and ``d slope_h = -Σ d_all[.., h, i, j] · |p_i - j|``, summed in float32
+    for half inputs and rounded once."""
+    H, Lq, Lk = d_all.shape[-3:]
+    g = upcast(d_all).reshape(-1, H, Lq, Lk).sum(axis=0)  # (H, Lq, Lk)
+    dist = np.abs(_distance(0, Lq, 0, Lk, offset, g.dtype))  # (Lq, Lk)
+    d_slopes = (-np.sum(g * dist, axis=(1, 2))).astype(slopes.dtype, copy=False)  # (H,)
+    d_bias = None if bias is None else _sum_to_shape(upcast(d_all), bias.shape).astype(bias.dtype)
+    return d_bias, d_slopes

@@ -33,10 +33,12 @@ import numpy as np
 
 from ._checks import _generator, float_dtype, rules
 from ._ops import (
+    _alibi_backward,
     _group_sum,
     _matmul,
     _sum,
     _sum_to_shape,
+    alibi,
     apply_dropout,
     attention_scale,
     keep_mask,
@@ -352,7 +354,7 @@ def _additive_hidden(query, keys, params):
 def multi_head_attention(
     query, key, value, params, num_heads, *, mask=None, bias=None,
     dropout_p=0.0, dropout_mask=None, rng=None, num_kv_heads=None, rope=None, rope_base=10000.0,
-    softcap=None,
+    softcap=None, alibi_slopes=None,
 ):
     """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
 
@@ -366,7 +368,11 @@ def multi_head_attention(
     head split, the query heads are rotated at positions ``arange(Lq)`` and
     the key heads at ``arange(Lk)`` (:func:`~numpy_ref.variants.rotary_embedding`).
     Soft-capping (``softcap``): each head's scaled scores become
-    ``cap · tanh(s / cap)`` before the bias and the mask (Gemma 2).
+    ``cap · tanh(s / cap)`` before the bias and the mask (Gemma 2). ALiBi
+    (``alibi_slopes``, Press et al. 2022): head ``h`` adds ``-slope_h · |i - j|``
+    to its scores (after the cap), queries at ``0 .. Lq-1`` and keys at
+    ``0 .. Lk-1``: the dense ``bias + alibi_bias(H, Lq, Lk, symmetric=True)``
+    with the given slopes, rounded to the input dtype (SPEC 3.23).
 
     Args:
       query: ``(B, Lq, D)``.
@@ -381,6 +387,8 @@ def multi_head_attention(
       rope: None, ``"half"`` or ``"interleaved"``, the rotary convention.
       rope_base: the rotary ``base``.
       softcap: None or a positive float, the cap of the scores.
+      alibi_slopes: None or float ``(H,)``, the ALiBi slope of each query head
+        (:func:`~numpy_ref.variants.alibi_slopes`).
 
     Returns:
       ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
@@ -388,9 +396,10 @@ def multi_head_attention(
       ``out`` row is ``b_o``.
     """
     Hkv = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
-                    num_kv_heads, rope, rope_base, softcap)  # SPEC 3.8
+                    num_kv_heads, rope, rope_base, softcap, alibi_slopes)  # SPEC 3.8
     # SPEC 3.4a: a position no query of any head may attend is never read
     read = read_positions(read_keys(mask, bias))  # (B|1, Lk, 1) or None
+    bias = alibi(alibi_slopes, query.shape[1], key.shape[1], 0, bias)  # (..., H, Lq, Lk): + ALiBi
     key, value = unread_to_zero(key, read), unread_to_zero(value, read)  # (B, Lk, D)
     # 1) project, 2) split heads, rotate
     qh, kh, vh = _project_heads(query, key, value, params, num_heads, Hkv)  # (B, H|Hkv, Lq|Lk, Dh)
@@ -408,7 +417,7 @@ def multi_head_attention(
 def multi_head_attention_backward(
     d_out, query, key, value, params, num_heads, *, mask=None, bias=None,
     dropout_p=0.0, dropout_mask=None, rng=None, num_kv_heads=None, rope=None, rope_base=10000.0,
-    softcap=None,
+    softcap=None, alibi_slopes=None,
 ):
     """Gradient of :func:`multi_head_attention`, the forward steps in reverse.
 
@@ -422,22 +431,25 @@ def multi_head_attention_backward(
     dropped weights feed the backward. ``key`` and ``value`` (and, per head,
     the projected ``k`` and ``v``) are the forward's, with the rows of unread
     positions set to 0 (SPEC 3.4a), so their gradients are 0 in those rows.
+    ALiBi adds ``-slope_h · |i - j|`` to the scores as a bias does, so with
+    ``ds`` the gradient of the biased scores, ``d slope_h = -Σ_bij ds_bhij |i - j|``.
 
     Args:
       d_out: cotangent of ``out`` ``(B, Lq, D)``, or a tuple
         ``(d_out, d_weights)`` with ``d_weights (B, H, Lq, Lk)`` or None.
       query, key, value, params, num_heads, mask, bias, dropout_p,
-        dropout_mask, rng, num_kv_heads, rope, rope_base, softcap: as for the forward;
+        dropout_mask, rng, num_kv_heads, rope, rope_base, softcap, alibi_slopes: as for the forward;
         ``dropout_p > 0`` needs the ``dropout_mask`` it ran with.
 
     Returns:
-      ``{"query", "key", "value", "params": {8 keys}}`` and ``"bias"`` when
-      bias is given. When one array is passed as query, key and value, the
+      ``{"query", "key", "value", "params": {8 keys}}``, ``"bias"`` when
+      bias is given and ``"alibi_slopes"`` ``(H,)`` when the slopes are.
+      When one array is passed as query, key and value, the
       caller sums the three gradients. ``b_k``'s gradient is 0 up to rounding:
       ``q · b_k`` shifts a whole score row, which the softmax ignores.
     """
     Hkv = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
-                    num_kv_heads, rope, rope_base, softcap)  # SPEC 3.8
+                    num_kv_heads, rope, rope_base, softcap, alibi_slopes)  # SPEC 3.8
     rules.require_mask(dropout_p, dropout_mask, "dropout_p", "dropout_mask")  # the forward's keep-mask
     (B, Lq, D), Lk = query.shape, key.shape[1]
     d_out, d_weights = rules.cotangents(  # query's dtype, out's and weights' shapes
@@ -447,6 +459,7 @@ def multi_head_attention_backward(
     # the forward once, keeping what the backward reads
     read_h = read_keys(mask, bias)  # (B|1, H|1, Lk, 1) or None, per head
     read = read_positions(read_h)  # (B|1, Lk, 1) or None, any head
+    bias_all = alibi(alibi_slopes, Lq, Lk, 0, bias)  # (..., H, Lq, Lk): bias + ALiBi, or bias
     key, value = unread_to_zero(key, read), unread_to_zero(value, read)  # (B, Lk, D)
     qh, kh, vh = _project_heads(query, key, value, params, num_heads, Hkv)  # (B, H|Hkv, Lq|Lk, Dh)
     qh, kh = _rope_heads(qh, kh, rope, rope_base)  # (B, H, Lq, Dh), (B, Hkv, Lk, Dh)
@@ -454,7 +467,7 @@ def multi_head_attention_backward(
     kh, vh = repeat_kv(kh, G), repeat_kv(vh, G)  # (B, H, Lk, Dh): query head h reads kv head h // G
     kh, vh = unread_to_zero(kh, read_h), unread_to_zero(vh, read_h)  # (B, H, Lk, Dh)
     scale = attention_scale(qh, None)
-    p, t = _attention_probs(qh, kh, mask, bias, scale, softcap)  # (B, H, Lq, Lk), float32 for half
+    p, t = _attention_probs(qh, kh, mask, bias_all, scale, softcap)  # (B, H, Lq, Lk), float32 for half
     keep = keep_mask(dropout_p, dropout_mask, None, p)  # the forward's, or None
     dropped = apply_dropout(p.astype(query.dtype, copy=False), keep, dropout_p)  # (B, H, Lq, Lk)
     concat = merge_heads(_matmul(dropped, vh))  # (B, Lq, D)
@@ -465,7 +478,7 @@ def multi_head_attention_backward(
     d_heads = split_heads(g_o["x"], num_heads)  # (B, H, Lq, Dh)
     # 3) attend
     g = _attention_grads(
-        d_heads, d_weights, qh, kh, vh, bias, scale, dropout_p, p, keep, dropped, read_h, t, G
+        d_heads, d_weights, qh, kh, vh, bias_all, scale, dropout_p, p, keep, dropped, read_h, t, G
     )  # q: (B, H, Lq, Dh), k/v: (B, Hkv, Lk, Dh), summed over each query group
     # 2) split heads, rotate: the rotation by -angle
     dqh, dkh = _rope_heads(g["q"], g["k"], rope, rope_base, sign=-1.0)  # (B, H|Hkv, Lq|Lk, Dh)
@@ -483,6 +496,10 @@ def multi_head_attention_backward(
             "w_v": g_v["w"], "b_v": g_v["b"], "w_o": g_o["w"], "b_o": g_o["b"],
         },
     }
+    if alibi_slopes is not None:  # bias_all = bias + alibi: split its gradient
+        d_bias, grads["alibi_slopes"] = _alibi_backward(g.pop("bias"), bias, alibi_slopes)  # bias.shape, (H,)
+        if d_bias is not None:
+            g["bias"] = d_bias
     if "bias" in g:
         grads["bias"] = g["bias"]  # bias.shape
     return grads

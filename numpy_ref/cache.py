@@ -44,7 +44,7 @@ import numpy as np
 
 from ._checks import float_dtype, rules
 from ._contract.tables import DECODER_DROPOUT_SITES
-from ._ops import _matmul, merge_heads, split_heads
+from ._ops import _matmul, alibi, merge_heads, split_heads
 from .attention import (
     _project_heads,
     _rope_heads,
@@ -95,7 +95,7 @@ def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=np.floa
 
 
 def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=None,
-                        rope_base=10000.0, softcap=None):
+                        rope_base=10000.0, softcap=None, alibi_slopes=None):
     """Multi-head self-attention of ``T`` new tokens over the cached ones.
 
     ``k, v = split(x w_k + b_k), split(x w_v + b_v)`` are written into slots
@@ -105,10 +105,12 @@ def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=
     ``out = concat(softmax(q kᵀ / sqrt(Dh), j <= p) v) w_o + b_o``, query
     head ``h`` reading key/value head ``h // (H / Hkv)``. With ``rope``, ``q``
     and ``k`` are rotated at their positions ``length + t`` before ``k`` is
-    written (the cache holds rotated keys). Steps over consecutive chunks of
-    ``x`` therefore equal ``multi_head_attention(x, x, x, params, H,
+    written (the cache holds rotated keys). With ``alibi_slopes`` head ``h``
+    adds ``-slope_h · (p - j)`` to the score of slot ``j <= p``, from the
+    absolute positions (the cache stores no bias). Steps over consecutive
+    chunks of ``x`` therefore equal ``multi_head_attention(x, x, x, params, H,
     mask=causal_mask(L), num_kv_heads=Hkv, rope=rope, rope_base=rope_base,
-    softcap=softcap)``.
+    softcap=softcap, alibi_slopes=alibi_slopes)``.
 
     Args:
       x: ``(B, T, D)``, the new tokens; ``T`` may be 0.
@@ -121,17 +123,18 @@ def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=
       rope: None, ``"half"`` or ``"interleaved"``.
       rope_base: the rotary ``base``.
       softcap: None or a positive float, the cap of the scores.
+      alibi_slopes: None or float ``(H,)``, the ALiBi slope of each query head.
 
     Returns:
       ``(out (B, T, D), new_cache)``; ``new_cache`` has length ``length + T``.
     """
-    Hkv = rules.self_attention_step(  # x, params, the cache's shape, dtype, room; rope
-        x, params, num_heads, cache, num_kv_heads, rope, rope_base, softcap)
-    return _self_attention_step(x, params, num_heads, cache, Hkv, rope, rope_base, softcap)
+    Hkv = rules.self_attention_step(  # x, params, the cache's shape, dtype, room; rope, alibi
+        x, params, num_heads, cache, num_kv_heads, rope, rope_base, softcap, alibi_slopes)
+    return _self_attention_step(x, params, num_heads, cache, Hkv, rope, rope_base, softcap, alibi_slopes)
 
 
 def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=None,
-                         rope_base=10000.0, softcap=None):
+                         rope_base=10000.0, softcap=None, alibi_slopes=None):
     length, (_, T, _) = int(cache["length"]), x.shape
     C = cache["k"].shape[2]
     positions = length + np.arange(T)  # (T,): the absolute positions of the new tokens
@@ -145,7 +148,8 @@ def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=No
     #    causal_mask(T, length + T, align="bottom_right") over the filled slots and
     #    False beyond them: the slots [length + T, C) are seen by no query, so never read
     mask = np.arange(C)[None, :] <= positions[:, None]  # (T, C)
-    out = _attend(q, k_all, v_all, mask, params, softcap)  # (B, T, D)
+    bias = alibi(alibi_slopes, T, C, length)  # (H, T, C): -slope_h |p - j| at p = length + t, or None
+    out = _attend(q, k_all, v_all, mask, params, softcap, bias)  # (B, T, D)
     return out, {"k": k_all, "v": v_all, "length": np.array(length + T, dtype=np.int64)}
 
 
@@ -162,50 +166,50 @@ def _written(slots, new, start):
     return out  # (B, Hkv, C, Dh)
 
 
-def _attend(q, k, v, mask, params, softcap=None):
+def _attend(q, k, v, mask, params, softcap=None, bias=None):
     """Attention of projected heads, then the output projection:
-    ``concat(softmax(q kᵀ / sqrt(Dh), mask) v) w_o + b_o`` (grouped-query
+    ``concat(softmax(q kᵀ / sqrt(Dh) + bias, mask) v) w_o + b_o`` (grouped-query
     when ``k``, ``v`` have fewer heads than ``q``; scores soft-capped with ``softcap``)."""
-    heads, _ = scaled_dot_product_attention(q, k, v, mask, softcap=softcap)  # (B, H, T, Dh)
+    heads, _ = scaled_dot_product_attention(q, k, v, mask, bias, softcap=softcap)  # (B, H, T, Dh)
     return _matmul(merge_heads(heads), params["w_o"]) + params["b_o"]  # (B, T, D)
 
 
 def self_attention_incremental(x, params, num_heads, *, chunks, num_kv_heads=None, rope=None,
-                               rope_base=10000.0, softcap=None):
+                               rope_base=10000.0, softcap=None, alibi_slopes=None):
     """Self-attention run chunk by chunk through its cache.
 
     An empty cache of capacity ``L`` (:func:`init_attention_cache`), then
     :func:`self_attention_step` on the consecutive chunks ``x[:, s:s + T]``,
     the outputs concatenated. By the law of the cache this equals
     ``multi_head_attention(x, x, x, params, H, mask=causal_mask(L),
-    num_kv_heads=Hkv, rope=rope, rope_base=rope_base, softcap=softcap)[0]`` for every split of
-    ``L`` into chunks.
+    num_kv_heads=Hkv, rope=rope, rope_base=rope_base, softcap=softcap,
+    alibi_slopes=alibi_slopes)[0]`` for every split of ``L`` into chunks.
 
     Args:
       x: ``(B, L, D)``.
       params: multi-head attention params (``w_k``, ``w_v`` ``(D, Hkv·Dh)``).
       num_heads: ``H``.
       chunks: ints ``>= 0`` summing to ``L``: the tokens of each step.
-      num_kv_heads, rope, rope_base, softcap: as for :func:`self_attention_step`.
+      num_kv_heads, rope, rope_base, softcap, alibi_slopes: as for :func:`self_attention_step`.
 
     Returns:
       ``(B, L, D)``.
     """
     chunks, Hkv = rules.self_attention_incremental(  # x, params, rope; chunks: ints >= 0 summing to L
-        x, params, num_heads, chunks, num_kv_heads, rope, rope_base, softcap)
+        x, params, num_heads, chunks, num_kv_heads, rope, rope_base, softcap, alibi_slopes)
     (B, L, D) = x.shape
     cache = _empty_cache(B, num_heads, L, D, x.dtype, Hkv)  # (B, Hkv, L, Dh)
     outs, start = [], 0
     for T in chunks:
         out, cache = _self_attention_step(x[:, start:start + T], params, num_heads, cache, Hkv,
-                                          rope, rope_base, softcap)  # (B, T, D)
+                                          rope, rope_base, softcap, alibi_slopes)  # (B, T, D)
         outs.append(out)
         start += T
     return np.concatenate(outs, axis=1) if outs else np.zeros_like(x)  # (B, L, D)
 
 
 def self_attention_incremental_backward(d_out, x, params, num_heads, *, chunks, num_kv_heads=None,
-                                        rope=None, rope_base=10000.0, softcap=None):
+                                        rope=None, rope_base=10000.0, softcap=None, alibi_slopes=None):
     """Gradient of :func:`self_attention_incremental`, step by step.
 
     By the law of the cache the function is ``f(x) = multi_head_attention(x,
@@ -220,21 +224,26 @@ def self_attention_incremental_backward(d_out, x, params, num_heads, *, chunks, 
 
     Args:
       d_out: cotangent of the output, ``(B, L, D)``.
-      x, params, num_heads, chunks, num_kv_heads, rope, rope_base, softcap: as
-        for the forward.
+      x, params, num_heads, chunks, num_kv_heads, rope, rope_base, softcap,
+        alibi_slopes: as for the forward.
 
     Returns:
-      ``{"x": (B, L, D), "params": {8 keys}}``.
+      ``{"x": (B, L, D), "params": {8 keys}}`` and ``"alibi_slopes"`` ``(H,)``
+      when the slopes are given.
     """
     chunks, Hkv = rules.self_attention_incremental(  # as the forward
-        x, params, num_heads, chunks, num_kv_heads, rope, rope_base, softcap)
+        x, params, num_heads, chunks, num_kv_heads, rope, rope_base, softcap, alibi_slopes)
     rules.d_out(d_out, x, "x", x.shape)  # x's dtype and shape
 
     def full_pass_backward(d):
         g = multi_head_attention_backward(d, x, x, x, params, num_heads,
                                           mask=causal_mask(x.shape[1]), num_kv_heads=Hkv,
-                                          rope=rope, rope_base=rope_base, softcap=softcap)
-        return {"x": g["query"] + g["key"] + g["value"], "params": g["params"]}  # x (B, L, D)
+                                          rope=rope, rope_base=rope_base, softcap=softcap,
+                                          alibi_slopes=alibi_slopes)
+        grads = {"x": g["query"] + g["key"] + g["value"], "params": g["params"]}  # x (B, L, D)
+        if alibi_slopes is not None:
+            grads["alibi_slopes"] = g["alibi_slopes"]  # (H,)
+        return grads
 
     return _per_chunk(full_pass_backward, d_out, chunks)
 

@@ -25,10 +25,12 @@ of blockwise attention is this merge applied one key block at a time.
 (:func:`shard_positions`: contiguous, or zigzag for balanced causal work).
 Device ``r`` keeps its queries ``q_r``; at step ``s`` it holds the key/value
 shard ``j = (r - s) mod N``, computes the partial ``(out, lse)`` of ``q_r``
-over it (only the pairs the mask and the causal structure allow, decided
-from global positions), merges it into its running result, then passes
-``(k_j, v_j)`` to device ``r + 1``. Steps whose block is entirely masked by
-the structure are skipped (the shard still moves on). The backward is the
+over it (only the pairs the mask and the causal/window structure allow,
+decided from global positions; a bias and ALiBi's ``-slope_h · |p_i - j|``
+likewise taken at global positions, the soft cap per score), merges it into
+its running result, then passes ``(k_j, v_j)`` to device ``r + 1``. Steps
+whose block is entirely masked by the structure (outside the causal
+triangle or the window's band) are skipped (the shard still moves on). The backward is the
 same ring again, from the merged ``(out, lse)``: at each step device ``r``
 computes its block's share of the gradient with FlashAttention-2's backward
 (``P = exp(s - lse)`` with the *final* ``lse``, ``D = rowsum(dO ∘ out)``;
@@ -49,7 +51,7 @@ import numpy as np
 from ._checks import rules
 from ._contract import blocks as _blocks
 from ._contract import ring as _ring
-from ._ops import _group_sum, attention_scale, repeat_kv, upcast
+from ._ops import _group_sum, _sum_to_shape, attention_scale, repeat_kv, upcast
 from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
 from .blockwise import _backward as _block_backward
 from .blockwise import _forward as _block_forward
@@ -86,16 +88,21 @@ def shard_positions(L, num_shards, *, layout="contiguous"):
     return _ring.shard_positions(L, N, layout)
 
 
-def ring_schedule(Lq, Lk, num_shards, *, causal=False, align="top_left", layout="contiguous"):
+def ring_schedule(Lq, Lk, num_shards, *, causal=False, window=None, align="top_left", layout="contiguous"):
     """Which steps of the ring each device computes, and its work.
+
+    A step whose (query shard, key shard) pair the structure masks entirely
+    (outside the causal triangle or the sliding window's band, decided from
+    global positions) is skipped.
 
     Returns:
       a ``RingSchedule``: ``q_positions``, ``k_positions`` ``(N, L / N)``,
       ``visible[r, s]`` (the visible pairs of device ``r`` at step ``s``),
-      ``computed``, ``kv_shard(r, s)``, ``work()`` (blocks and pairs per
+      ``computed``, ``steps`` and ``skipped`` (steps computed and skipped over
+      all devices), ``kv_shard(r, s)``, ``work()`` (blocks and pairs per
       device, and the imbalance max/mean), ``sends()``.
     """
-    return _ring.ring_schedule(*rules.ring_schedule(Lq, Lk, num_shards, causal, align, layout))
+    return _ring.ring_schedule(*rules.ring_schedule(Lq, Lk, num_shards, causal, align, layout, window))
 
 
 def shard_sequence(x, num_shards, *, layout="contiguous", axis=-2):
@@ -188,12 +195,13 @@ def _lse_dtype(x):
 # the ring
 
 
-def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_left",
-                   layout="contiguous", num_shards=1):
+def ring_attention(q, k, v, mask=None, scale=None, *, bias=None, causal=False, window=None, align="top_left",
+                   layout="contiguous", num_shards=1, softcap=None, alibi_slopes=None):
     """Sequence-parallel (ring) attention over ``num_shards`` simulated devices.
 
-    Equal (to rounding) to ``blockwise_attention(q, k, v, mask, scale=scale,
-    causal=causal, align=align)``: ``(out, lse)`` in sequence order, for any
+    Equal (to rounding) to ``blockwise_attention(q, k, v, mask, bias,
+    scale=scale, causal=causal, window=window, align=align, softcap=softcap,
+    alibi_slopes=alibi_slopes)``: ``(out, lse)`` in sequence order, for any
     layout and shard count.
 
     Args:
@@ -203,36 +211,52 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
         ``Hkv`` heads).
       mask: optional bool, broadcastable to ``(*batch, Lq, Lk)``, True = attend.
       scale: optional float; ``1 / sqrt(Dk)`` by default.
+      bias: optional float, broadcastable to ``(*batch, Lq, Lk)`` in global
+        positions, added to the scores; ``-inf`` entries count as masked.
       causal: key ``j`` visible from query ``i`` iff ``j <= i + offset``.
+      window: None or ``(left, right)``: query ``i`` sees keys
+        ``p - left <= j <= p + right``, ``p = i + offset`` (a None side is
+        unbounded); steps outside the band are skipped.
       align: ``"top_left"`` (``offset = 0``) or ``"bottom_right"`` (``Lk - Lq``).
       layout: ``"contiguous"`` or ``"zigzag"`` (:func:`shard_positions`).
       num_shards: the devices of the ring; divides ``Lq`` and ``Lk`` (twice
         over for zigzag).
+      softcap: None or a positive float: ``s = cap · tanh(q kᵀ · scale / cap)``
+        before the bias and the mask.
+      alibi_slopes: None or float ``(H,)`` or ``(B, H)`` (rank 4 only): adds
+        ``-slope_h · |p_i - j|`` from global positions.
 
     Returns:
       ``(out (*batch, Lq, Dv), lse (*batch, Lq))``; ``lse`` float32 for half inputs.
     """
-    G, num_shards = rules.ring_attention(q, k, v, mask, scale, causal, align, layout, num_shards)  # SPEC 3.24
-    ring = _Ring(q, k, mask, scale, causal, align, layout, num_shards, G)
+    G, N, window = rules.ring_attention(q, k, v, mask, scale, causal, align, layout, num_shards, bias, window,
+                                        softcap, alibi_slopes)  # SPEC 3.24
+    ring = _Ring(q, k, mask, scale, causal, align, layout, N, G, bias, window, softcap, alibi_slopes)
     out, lse = ring.forward(q, k, v)
     return out.astype(q.dtype, copy=False), lse  # rounded once
 
 
-def ring_attention_backward(d_out, q, k, v, mask=None, scale=None, *, causal=False, align="top_left",
-                            layout="contiguous", num_shards=1, out=None, lse=None):
+def ring_attention_backward(d_out, q, k, v, mask=None, scale=None, *, bias=None, causal=False, window=None,
+                            align="top_left", layout="contiguous", num_shards=1, softcap=None, alibi_slopes=None,
+                            out=None, lse=None):
     """Gradient of :func:`ring_attention`, by the reverse ring (module docstring).
 
     Args:
       d_out: cotangent of ``out``, or a pair ``(d_out, d_lse)``; either may be None.
-      q, k, v, mask, scale, causal, align, layout, num_shards: as for the forward.
+      q, k, v, mask, scale, bias, causal, window, align, layout, num_shards,
+        softcap, alibi_slopes: as for the forward.
       out, lse: the forward's results, when saved; recomputed when None.
 
     Returns:
-      ``{"q", "k", "v"}`` (``k``, ``v`` with their own heads).
+      ``{"q", "k", "v"}`` (``k``, ``v`` with their own heads), ``"bias"``
+      (bias's own shape: each step's block added at its global rows and
+      columns, summed over broadcast axes) when bias is given,
+      ``"alibi_slopes"`` (``-Σ dS_hij |p_i - j|``, their own shape) when they are.
     """
-    G, num_shards = rules.ring_attention(q, k, v, mask, scale, causal, align, layout, num_shards)  # SPEC 3.24
+    G, N, window = rules.ring_attention(q, k, v, mask, scale, causal, align, layout, num_shards, bias, window,
+                                        softcap, alibi_slopes)  # SPEC 3.24
     d_out, d_lse = rules.blockwise_cotangents(d_out, q, v, out, lse)
-    ring = _Ring(q, k, mask, scale, causal, align, layout, num_shards, G)
+    ring = _Ring(q, k, mask, scale, causal, align, layout, N, G, bias, window, softcap, alibi_slopes)
     if out is None or lse is None:
         out, lse = ring.forward(q, k, v)
     grads = ring.backward(d_out, d_lse, q, k, v, upcast(out), upcast(lse))
@@ -243,12 +267,18 @@ class _Ring:
     """The ring of ``N`` simulated devices: placement, the structure of each
     step, and the two passes. Device ``r``'s data is entry ``r`` of a list."""
 
-    def __init__(self, q, k, mask, scale, causal, align, layout, num_shards, G):
+    def __init__(self, q, k, mask, scale, causal, align, layout, num_shards, G, bias=None, window=None,
+                 softcap=None, slopes=None):
         self.N, self.layout, self.G = num_shards, layout, G
-        self.sched = _ring.ring_schedule(q.shape[-2], k.shape[-2], num_shards, causal, align, layout)
-        self.score = _Scores(attention_scale(q, scale), None, None)
+        self.sched = _ring.ring_schedule(q.shape[-2], k.shape[-2], num_shards, causal, align, layout, window)
+        # the soft cap is per score, position-free: the block kernel applies it; ALiBi needs
+        # global positions, so it joins the bias block of each step (slopes None in the kernel)
+        self.score = _Scores(attention_scale(q, scale), softcap, None)
         self.mask = None if mask is None else _full_rank(mask, q.ndim)  # (*batch|1, Lq|1, Lk|1)
-        self.causal = causal
+        self.bias = None if bias is None else _full_rank(bias, q.ndim)  # (*batch|1, Lq|1, Lk|1)
+        self.bias_shape = None if bias is None else bias.shape
+        self.slopes = slopes  # (H,) or (B, H), or None
+        self.causal, self.window = causal, window
 
     def shard(self, x):
         """Device ``r``'s shard of a sequence-major array (or None)."""
@@ -261,13 +291,27 @@ class _Ring:
         """What device ``r``'s queries may read of key shard ``j``: ``(…, nq, nk)`` bool,
         the mask's block (broadcast axes size 1) and the causal structure from positions."""
         qp, kp = self.sched.q_positions[r], self.sched.k_positions[j]
-        allowed = _ring.visible_pairs(qp, kp, self.causal, self.sched.offset)  # (nq, nk)
+        allowed = _ring.visible_pairs(qp, kp, self.causal, self.sched.offset, self.window)  # (nq, nk)
         if self.mask is not None:
-            m = self.mask
-            m = m if m.shape[-2] == 1 else np.take(m, qp, axis=-2)
-            m = m if m.shape[-1] == 1 else np.take(m, kp, axis=-1)
-            allowed = allowed & m
+            allowed = allowed & _at(self.mask, qp, kp)
         return allowed
+
+    def distance(self, r, j, dtype):
+        """ALiBi's ``|p_i - j|`` of the step from global positions: ``(nq, nk)``."""
+        qp, kp = self.sched.q_positions[r], self.sched.k_positions[j]
+        return np.abs(qp[:, None] + self.sched.offset - kp[None, :]).astype(dtype)
+
+    def bias_block(self, r, j, dtype):
+        """The step's additive bias in the compute dtype: the bias's block at the global
+        rows and columns (broadcast axes size 1) plus ALiBi's ``-slope_h · |p_i - j|``
+        ``(B|1, H, nq, nk)``; None when neither is given."""
+        block = None if self.bias is None else upcast(_at(self.bias, self.sched.q_positions[r],
+                                                          self.sched.k_positions[j]))
+        if self.slopes is not None:
+            slopes = _full_rank(upcast(self.slopes), 2)[..., None, None]  # (B|1, H, 1, 1)
+            alibi = -slopes * self.distance(r, j, slopes.dtype)
+            block = alibi if block is None else block + alibi
+        return block
 
     def step(self, nq, nk):
         """One block per step: the schedule of a single ``(nq, nk)`` block, no structure
@@ -286,8 +330,8 @@ class _Ring:
                 if not self.sched.computed[r, s]:
                     continue  # entirely masked by the structure: nothing to add
                 k_j, v_j = (repeat_kv(x, self.G) for x in held[r])  # query head h reads kv head h // G
-                part = _block_forward(qs[r], k_j, v_j, self.allowed(r, j), None, self.score,
-                                      self.step(qs[r].shape[-2], k_j.shape[-2]))[:2]  # (out, lse)
+                part = _block_forward(qs[r], k_j, v_j, self.allowed(r, j), self.bias_block(r, j, qs[r].dtype),
+                                      self.score, self.step(qs[r].shape[-2], k_j.shape[-2]))[:2]  # (out, lse)
                 running[r] = part if running[r] is None else _merge_two(running[r], part)
             held = held[-1:] + held[:-1]  # send to r + 1: device r now holds what r - 1 had
         outs, lses = [], []
@@ -308,6 +352,9 @@ class _Ring:
         # what travels: the kv shard and its gradient accumulators
         held = [(k_j, v_j, np.zeros_like(upcast(k_j)), np.zeros_like(upcast(v_j)))
                 for k_j, v_j in zip(self.shard(k), self.shard(v))]
+        q_dtype = upcast(q).dtype
+        dbias = None if self.bias is None else np.zeros(self.bias.shape, q_dtype)  # (*batch|1, Lq|1, Lk|1)
+        dslopes = None if self.slopes is None else np.zeros(_full_rank(self.slopes, 2).shape, q_dtype)  # (B|1, H)
         for s in range(N):
             for r in range(N):
                 j = self.sched.kv_shard(r, s)
@@ -316,15 +363,41 @@ class _Ring:
                 k_j, v_j, dk_j, dv_j = held[r]
                 g = _block_backward(d_outs[r], None if d_lses is None else d_lses[r], qs[r],
                                     repeat_kv(k_j, self.G), repeat_kv(v_j, self.G), self.allowed(r, j),
-                                    None, self.score, self.step(qs[r].shape[-2], k_j.shape[-2]),
+                                    self.bias_block(r, j, q_dtype), self.score,
+                                    self.step(qs[r].shape[-2], k_j.shape[-2]),
                                     outs[r], _given_lse(lses[r]))  # P = exp(s - lse): the merged lse
+                if dbias is not None:  # the block's dS at its global rows and columns
+                    rows, cols = _at_index(dbias, self.sched.q_positions[r], self.sched.k_positions[j])
+                    block = dbias[..., rows, cols]  # a copy: the bias's block, broadcast axes size 1
+                    dbias[..., rows, cols] = block + _sum_to_shape(g["bias"], block.shape)
+                if dslopes is not None:  # s += -slope_h · |p_i - j|
+                    dslopes -= _sum_to_shape(np.sum(g["bias"] * self.distance(r, j, q_dtype), axis=(-2, -1)),
+                                             dslopes.shape)  # (B|1, H)
                 dq[r] += g["q"]
                 dk_j += _group_sum(g["k"], self.G)  # the group's query heads summed into kv head g
                 dv_j += _group_sum(g["v"], self.G)
             held = held[-1:] + held[:-1]  # the shard and its accumulators move on together
         # after N passes each accumulator is back on the device that owns its shard
-        return {"q": self.unshard(dq), "k": self.unshard([h[2] for h in held]),
-                "v": self.unshard([h[3] for h in held])}
+        grads = {"q": self.unshard(dq), "k": self.unshard([h[2] for h in held]),
+                 "v": self.unshard([h[3] for h in held])}
+        if dbias is not None:
+            grads["bias"] = dbias.reshape(self.bias_shape)
+        if dslopes is not None:
+            grads["alibi_slopes"] = dslopes.reshape(self.slopes.shape)  # (H,) or (B, H)
+        return grads
+
+
+def _at(x, qp, kp):
+    """``x`` ``(…, Lq|1, Lk|1)`` at query positions ``qp`` and key positions ``kp``
+    (a broadcast axis stays size 1): ``(…, nq|1, nk|1)``."""
+    return x[(..., *_at_index(x, qp, kp))]
+
+
+def _at_index(x, qp, kp):
+    """The index ``(rows (nq|1, 1), cols (1, nk|1))`` of :func:`_at` (positions are distinct)."""
+    rows = np.zeros(1, np.int64) if x.shape[-2] == 1 else qp
+    cols = np.zeros(1, np.int64) if x.shape[-1] == 1 else kp
+    return rows[:, None], cols[None, :]
 
 
 def _merge_two(a, b):
@@ -401,6 +474,7 @@ def sharded_attention_backward(d_out, q, k, v, mask=None, scale=None, *, batch_s
     """
     _, batch_shards, head_shards = rules.sharded_attention(q, k, v, mask, scale, batch_shards,
                                                            head_shards)  # SPEC 3.24
+    rules.d_out(d_out, q, "q", (*q.shape[:-1], v.shape[-1]))  # (*batch, Lq, Dv)
     grads = {"q": np.zeros_like(q), "k": np.zeros_like(k), "v": np.zeros_like(v)}
     for b in _cuts(q.shape[0], batch_shards):
         for h in _cuts(q.shape[1], head_shards) if q.ndim == 4 else [slice(None)]:

@@ -144,6 +144,11 @@ EXTRA = [
      {"q": _R.standard_normal((2, 2, 4, 3)), "k": _R.standard_normal((2, 1, 4, 3)),
       "v": _R.standard_normal((2, 1, 4, 2)), "mask": _R.random((2, 1, 1, 4)) < 0.7, "scale": None,
       "causal": True, "align": "bottom_right", "layout": "zigzag", "num_shards": 1}),
+    ("ring_attention",  # the variants (SPEC 3.24) on one rank
+     {"q": _R.standard_normal((2, 2, 4, 3)), "k": _R.standard_normal((2, 1, 4, 3)),
+      "v": _R.standard_normal((2, 1, 4, 2)), "mask": None, "scale": None, "bias": _R.standard_normal((2, 1, 4)),
+      "causal": False, "window": (1, 2), "align": "top_left", "layout": "contiguous", "num_shards": 1,
+      "softcap": 2.0, "alibi_slopes": _R.random(2)}),
 ]
 
 #: ``{function: [(index of the base call, kwargs), ...]}`` in BASE's order, then EXTRA's

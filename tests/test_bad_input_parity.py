@@ -192,8 +192,8 @@ BASE = [
     ("alibi_bias", {"num_heads": 3, "Lq": 3, "Lk": 4, "align": "bottom_right", "symmetric": True,
                     "dtype": Dtype("float64")}, {}),
     ("shard_positions", {"L": 8, "num_shards": 2, "layout": "zigzag"}, {}),
-    ("ring_schedule", {"Lq": 8, "Lk": 4, "num_shards": 2, "causal": True, "align": "bottom_right",
-                       "layout": "contiguous"}, {}),
+    ("ring_schedule", {"Lq": 8, "Lk": 4, "num_shards": 2, "causal": True, "window": (2, None),
+                       "align": "bottom_right", "layout": "contiguous"}, {}),
     ("shard_sequence", {"x": f(B, 8, DK), "num_shards": 2, "layout": "zigzag", "axis": -2}, {}),
     ("unshard_sequence", {"shards": [f(B, 4, DK), f(B, 4, DK)], "layout": "zigzag", "axis": 1}, {}),
     ("merge_attention", {"outs": f(3, B, H, LQ, DV), "lses": f(3, B, H, LQ)}, {}),
@@ -201,6 +201,11 @@ BASE = [
      {"q": f(B, H, 4, DK), "k": f(B, 1, 8, DK), "v": f(B, 1, 8, DV), "mask": keep(B, 1, 1, 8), "scale": None,
       "causal": True, "align": "bottom_right", "layout": "zigzag", "num_shards": 2},
      {"mask": (B, H, 4, 8)}),
+    ("ring_attention",  # the variants (SPEC 3.24): a bias, a window, a soft cap, ALiBi slopes
+     {"q": f(B, H, 4, DK), "k": f(B, 1, 8, DK), "v": f(B, 1, 8, DV), "mask": None, "scale": None,
+      "bias": f(H, 1, 8), "causal": False, "window": (1, 2), "align": "bottom_right", "layout": "contiguous",
+      "num_shards": 2, "softcap": 3.0, "alibi_slopes": np.abs(f(H))},
+     {"mask": (B, H, 4, 8), "bias": (B, H, 4, 8)}),
     ("ring_attention",
      {"q": f(B, 4, DK), "k": f(B, 4, DK), "v": f(B, 4, DV), "mask": None, "scale": 0.5,
       "causal": False, "align": "top_left", "layout": "contiguous", "num_shards": 1},
@@ -336,6 +341,7 @@ LISTABLE = {"lengths", "tokens", "masks", "mask_to_bias.mask", "src", "tgt_in", 
 ANY_RANK = {"softmax.x", "dropout.x", "dropout.mask", "linear.x", "layer_norm.x", "feed_forward.x",
             # two admissible ranks each: (B, L, Dh) | (B, H, L, Dh); (L,) | (B, L); (H,) | (B, H)
             "rotary_embedding.x", "rotary_embedding.positions", "blockwise_attention.alibi_slopes",
+            "ring_attention.alibi_slopes",
             # sharded attention: any array along an axis; (S, ..., Lq, Dv) partial results
             "shard_sequence.x", "shards", "merge_attention.outs", "merge_attention.lses"}
 

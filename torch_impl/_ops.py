@@ -195,3 +195,18 @@ def _distance(q0, q1, k0, k1, offset, dtype, device):
     p = torch.arange(q0, q1, device=device)[:, None] + offset  # (bq, 1)
     j = torch.arange(k0, k1, device=device)[None, :]  # (1, bk)
     return (p - j).to(dtype)  # (bq, bk)
+
+
+def alibi(slopes, Lq, Lk, offset=0, bias=None):
+    """ALiBi's symmetric bias of multi-head attention and the cache, ``(H, Lq, Lk)``:
+    ``-slope_h · |p_i - j|`` with ``p_i = i + offset`` (SPEC 3.23), computed in
+    float32 for half slopes and rounded once to the slopes' dtype (numpy_ref's
+    ``alibi``), plus ``bias`` when given (rounded once; broadcast to
+    ``(..., H, Lq, Lk)``); ``bias`` itself when ``slopes`` is None.
+    Differentiable in ``slopes`` and ``bias``."""
+    if slopes is None:
+        return bias
+    s = upcast(slopes)  # (H,)
+    dist = _distance(0, Lq, 0, Lk, offset, s.dtype, s.device).abs()  # (Lq, Lk), exact integers
+    a = (-(s[:, None, None] * dist)).to(slopes.dtype)  # (H, Lq, Lk)
+    return a if bias is None else (upcast(bias) + upcast(a)).to(slopes.dtype)  # (..., H, Lq, Lk)

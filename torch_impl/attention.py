@@ -35,8 +35,11 @@ Two paths compute ``scaled_dot_product_attention`` / ``multi_head_attention``:
   Soft-capping has no kernel (``F.scaled_dot_product_attention`` has no
   softcap; only ``flex_attention``'s ``score_mod`` does), so a ``softcap``
   call takes the math path too. Grouped-query ``k``, ``v`` reach the kernel
-  repeated to ``H`` heads, as on the math path (``enable_gqa`` needs
-  torch >= 2.5, and a per-head mask zeroes unread keys per query head).
+  with their ``Hkv`` heads and ``enable_gqa=True`` (torch >= 2.5, which maps
+  query head ``h`` to kv head ``h // G`` as the spec), unless the keys a
+  group reads differ between its query heads (a per-head mask: unread keys
+  are zeroed per query head, which needs the heads repeated) or the torch
+  has no ``enable_gqa``: then they are repeated to ``H`` heads first.
 
 A key that no query may attend (its mask column all False, or its bias
 column all ``-inf``) is never read (SPEC 3.4a): its rows of ``k`` and ``v``
@@ -58,6 +61,7 @@ from numpy_ref._contract.tables import ADDITIVE_KEYS, MHA_KEYS
 
 from ._checks import _generator, float_dtype, rules
 from ._ops import (
+    alibi,
     apply_dropout,
     attention_scale,
     keep_mask,
@@ -170,11 +174,11 @@ def _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weigh
     public function (rightly) refuses.
     """
     scale = attention_scale(q, scale)
+    if not need_weights and softcap is None:
+        return _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng), None
     k, v = repeat_kv(k, q), repeat_kv(v, q)  # (B, H, Lk, D·): query head h reads kv head h // G
     read = read_keys(mask, bias)  # (*batch, Lk, 1) or None
     k, v = unread_to_zero(k, read), unread_to_zero(v, read)  # SPEC 3.4a: unread keys are 0
-    if not need_weights and softcap is None:
-        return _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng), None
     # scores and softmax in float32 for half inputs, even under autocast
     with torch.autocast(q.device.type, enabled=False):
         # scale folded into q: Lq * Dk multiplies instead of Lq * Lk
@@ -190,11 +194,35 @@ def _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, need_weigh
     return (out, weights) if need_weights else (out, None)
 
 
+#: whether the installed torch's ``F.scaled_dot_product_attention`` takes ``enable_gqa`` (torch >= 2.5)
+_HAS_ENABLE_GQA = torch.__version__ >= "2.5"  # a TorchVersion: compared as a version, not as text
+
+
+def _grouped_kv(q, k, v, read):
+    """``k``, ``v`` for the kernel with their unread keys zeroed, and its
+    ``enable_gqa`` keyword: grouped (``Hkv`` heads, ``{"enable_gqa": True}``)
+    where the torch has it and every query head of a group reads the same keys,
+    else repeated to ``H`` heads (``{}``)."""
+    H, Hkv = (q.shape[1], k.shape[1]) if q.ndim == 4 and k.ndim == 4 else (1, 1)
+    if Hkv != H and _HAS_ENABLE_GQA:
+        G = H // Hkv
+        if read is not None:
+            read = read.reshape((1,) * (4 - read.ndim) + tuple(read.shape))  # (B|1, H|1, Lk, 1)
+        per_head = read is not None and read.shape[1] != 1
+        read_kv = read[:, ::G] if per_head else read  # (B|1, Hkv|1, Lk, 1): the group's first head
+        if not per_head or bool((read_kv.repeat_interleave(G, dim=1) == read).all()):
+            return unread_to_zero(k, read_kv), unread_to_zero(v, read_kv), {"enable_gqa": True}
+    k, v = repeat_kv(k, q), repeat_kv(v, q)  # (B, H, Lk, D·): query head h reads kv head h // G
+    return unread_to_zero(k, read), unread_to_zero(v, read), {}  # SPEC 3.4a: unread keys are 0
+
+
 def _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng):
-    """``F.scaled_dot_product_attention`` with the spec's semantics; ``out`` only."""
+    """``F.scaled_dot_product_attention`` with the spec's semantics; ``out`` only.
+    ``k``, ``v`` come with their ``Hkv`` heads (grouped-query attention)."""
     # a keep-mask or generator the kernel cannot honour, or no key at all (Lk = 0)
     if (float(dropout_p) > 0 and (dropout_mask is not None or rng is not None)) or k.shape[-2] == 0:
         return _attend(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng, True)[0]
+    k, v, gqa = _grouped_kv(q, k, v, read_keys(mask, bias))  # (B, Hkv|H, Lk, D·)
     valid = mask
     if bias is not None:
         finite = bias != -math.inf  # -inf scores count as masked
@@ -207,7 +235,7 @@ def _attend_fused(q, k, v, mask, bias, scale, dropout_p, dropout_mask, rng):
             # the bias is read where valid only (SPEC 3.4a): an empty row attends to zeros
             attn_mask = torch.where(attn_mask, torch.where(valid, bias, 0.0), -math.inf).to(q.dtype)
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=float(dropout_p), scale=scale
+        q, k, v, attn_mask=attn_mask, dropout_p=float(dropout_p), scale=scale, **gqa
     )  # (*batch, Lq, Dv)
     return out if any_valid is None else torch.where(any_valid, out, 0.0)
 
@@ -258,7 +286,7 @@ def _additive_hidden(query, keys, params):
 def multi_head_attention(
     query, key, value, params, num_heads, *, mask=None, bias=None,
     dropout_p=0.0, dropout_mask=None, rng=None, need_weights=True,
-    num_kv_heads=None, rope=None, rope_base=10000.0, softcap=None,
+    num_kv_heads=None, rope=None, rope_base=10000.0, softcap=None, alibi_slopes=None,
 ):
     """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
 
@@ -270,7 +298,10 @@ def multi_head_attention(
     query heads are rotated at positions ``0 .. Lq - 1`` and the key heads at
     ``0 .. Lk - 1`` (:func:`~torch_impl.variants.rotary_embedding`) before attending.
     With ``softcap``, each head's scaled scores become ``cap · tanh(s / cap)``
-    before the bias and the mask (Gemma 2).
+    before the bias and the mask (Gemma 2). With ``alibi_slopes`` (ALiBi),
+    head ``h`` adds ``-slope_h · |i - j|`` to its scores (queries at
+    ``0 .. Lq - 1``, keys at ``0 .. Lk - 1``), a bias in the input dtype
+    added to ``bias`` (SPEC 3.23).
 
     Args:
       query: ``(B, Lq, D)``.
@@ -287,6 +318,8 @@ def multi_head_attention(
       rope_base: RoPE's ``base``.
       softcap: None or a positive float, the cap of the scores (the math path:
         the fused kernel has no cap).
+      alibi_slopes: None or float ``(H,)``, the ALiBi slope of each query head
+        (both paths: the fused kernel takes it in its float mask).
 
     Returns:
       ``(out (B, Lq, D), weights (B, H, Lq, Lk))``, weights before dropout.
@@ -294,9 +327,11 @@ def multi_head_attention(
       ``out`` row is ``b_o``.
     """
     num_kv_heads = rules.mha(query, key, value, params, num_heads, mask, bias, dropout_p,
-                             dropout_mask, num_kv_heads, rope, rope_base, softcap)  # SPEC 3.8; Hkv
+                             dropout_mask, num_kv_heads, rope, rope_base, softcap,
+                             alibi_slopes)  # SPEC 3.8; Hkv
     # SPEC 3.4a: a position no query of any head may attend is never read
     read = read_positions(read_keys(mask, bias))  # (B|1, Lk, 1) or None
+    bias = alibi(alibi_slopes, query.shape[1], key.shape[1], 0, bias)  # (..., H, Lq, Lk): + ALiBi
     key, value = unread_to_zero(key, read), unread_to_zero(value, read)  # (B, Lk, D)
     qh, kh, vh = _project_heads(query, key, value, params, num_heads, num_kv_heads)  # (B, H|Hkv, L, Dh)
     if rope is not None:  # 2b) rotate at the absolute positions 0 .. L - 1
@@ -386,30 +421,39 @@ class MultiHeadAttention(_CanonicalModule):
     Parameters ``w_q, w_k, w_v, w_o (D, D)`` and ``b_q, b_k, b_v, b_o (D,)``
     in the canonical ``y = x @ w + b`` layout (so ``state_dict()`` keys are
     the canonical keys; ``interop`` converts to ``nn.MultiheadAttention``).
+    With ``num_kv_heads`` (grouped-query attention) ``w_k``, ``w_v`` are
+    ``(D, Hkv·Dh)`` and ``b_k``, ``b_v`` ``(Hkv·Dh,)``, as
+    :func:`init_multi_head_attention` draws them.
     Dropout on the attention weights is active in ``train()`` only.
 
     Args:
       d_model: ``D``.
       num_heads: ``H``, must divide ``D``.
       dropout: drop probability of the attention weights.
+      num_kv_heads: ``Hkv``, dividing ``H`` (None: ``H``).
       dtype, device: of the parameters.
     """
 
-    def __init__(self, d_model, num_heads, dropout=0.0, *, dtype=None, device=None):
+    def __init__(self, d_model, num_heads, dropout=0.0, *, num_kv_heads=None, dtype=None, device=None):
         super().__init__()
         (d_model,) = rules.widths(d_model=d_model)
-        rules.heads(num_heads, d_model)
+        num_heads = rules.heads(num_heads, d_model)  # divides D
+        num_kv_heads = rules.kv_heads(num_kv_heads, num_heads)  # divides H; None -> H
         rules.probability(dropout, "dropout")
         self.d_model, self.num_heads, self.dropout = d_model, num_heads, float(dropout)
+        self.num_kv_heads = num_kv_heads
+        d_kv = self.num_kv_heads * (d_model // num_heads)  # Hkv·Dh
         dtype = float_dtype(dtype)
         for name in MHA_KEYS:
-            shape = (d_model, d_model) if name.startswith("w") else (d_model,)
+            width = d_kv if name[-1] in "kv" else d_model
+            shape = (d_model, width) if name.startswith("w") else (width,)
             setattr(self, name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device)))
         self.reset_parameters()
 
     def reset_parameters(self, rng=None):
         """Redraw as :func:`init_multi_head_attention` (Xavier weights, zero biases)."""
-        self.load_params(init_multi_head_attention(rng, self.d_model))
+        self.load_params(init_multi_head_attention(rng, self.d_model, num_heads=self.num_heads,
+                                                   num_kv_heads=self.num_kv_heads))
 
     def forward(self, query, key=None, value=None, mask=None, bias=None, need_weights=True,
                 dropout_mask=None):
@@ -420,22 +464,24 @@ class MultiHeadAttention(_CanonicalModule):
         return multi_head_attention(
             query, key, value, self.params(), self.num_heads, mask=mask, bias=bias,
             dropout_p=self.dropout if self.training else 0.0, dropout_mask=dropout_mask,
-            need_weights=need_weights,
+            need_weights=need_weights, num_kv_heads=self.num_kv_heads,
         )
 
     def params(self):
         return {k: getattr(self, k) for k in MHA_KEYS}
 
     @classmethod
-    def from_params(cls, params, num_heads, dropout=0.0):
+    def from_params(cls, params, num_heads, dropout=0.0, *, num_kv_heads=None):
         """A module holding a copy of the eight canonical parameters."""
         params = _tensors(params)
         w_q = params["w_q"]
-        module = cls(w_q.shape[0], num_heads, dropout, dtype=w_q.dtype, device=w_q.device)
+        module = cls(w_q.shape[0], num_heads, dropout, num_kv_heads=num_kv_heads, dtype=w_q.dtype,
+                     device=w_q.device)
         return module.load_params(params)
 
     def extra_repr(self):
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"
+        kv = "" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}"
+        return f"d_model={self.d_model}, num_heads={self.num_heads}{kv}, dropout={self.dropout}"
 
 
 class AdditiveAttention(_CanonicalModule):

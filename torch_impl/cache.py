@@ -54,7 +54,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import float_dtype, rules
-from ._ops import merge_heads, read_keys, read_positions, rotary, split_heads, unread_to_zero
+from ._ops import alibi, merge_heads, read_keys, read_positions, rotary, split_heads, unread_to_zero
 from .attention import _attend, _project_heads
 from .layers import feed_forward, layer_norm
 
@@ -94,7 +94,7 @@ def init_attention_cache(batch_size, num_heads, capacity, d_model, dtype=None, d
 
 
 def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=None,
-                        rope_base=10000.0, softcap=None):
+                        rope_base=10000.0, softcap=None, alibi_slopes=None):
     """Causal self-attention of ``T`` new tokens over the cache and themselves.
 
     ``q, k, v = x @ w_{q,k,v} + b_{q,k,v}`` split into heads (``H`` query
@@ -102,7 +102,8 @@ def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=
     at their absolute positions ``p = length + t``; ``k``, ``v`` written to
     slots ``[length, length + T)`` of a new cache; the query at position
     ``p`` of head ``h`` attends the slots ``j <= p`` of kv head
-    ``h // (H / Hkv)`` (scores soft-capped with ``softcap``);
+    ``h // (H / Hkv)`` (scores soft-capped with ``softcap``; with
+    ``alibi_slopes``, ``-slope_h · (p - j)`` added from the absolute positions);
     ``out = concat(heads) @ w_o + b_o``.
 
     Args:
@@ -116,44 +117,46 @@ def self_attention_step(x, params, num_heads, cache, *, num_kv_heads=None, rope=
       rope: None, ``"half"`` or ``"interleaved"``: the RoPE convention.
       rope_base: RoPE's ``base``.
       softcap: None or a positive float, the cap of the scores.
+      alibi_slopes: None or float ``(H,)``, the ALiBi slope of each query head.
 
     Returns:
       ``(out (B, T, D), new_cache)`` with ``new_cache["length"] = length + T``.
     """
     num_kv_heads = rules.self_attention_step(x, params, num_heads, cache, num_kv_heads, rope,
-                                             rope_base, softcap)  # shapes, dtypes, room for T tokens; Hkv
-    return _self_attention_step(x, params, num_heads, cache, num_kv_heads, rope, rope_base, softcap)
+                                             rope_base, softcap, alibi_slopes)  # shapes, dtypes, room; Hkv
+    return _self_attention_step(x, params, num_heads, cache, num_kv_heads, rope, rope_base, softcap,
+                                alibi_slopes)
 
 
 def self_attention_incremental(x, params, num_heads, *, chunks, num_kv_heads=None, rope=None,
-                               rope_base=10000.0, softcap=None):
+                               rope_base=10000.0, softcap=None, alibi_slopes=None):
     """Causal self-attention run chunk by chunk through the cache.
 
     ``cache = init_attention_cache(B, H, L, D, num_kv_heads=Hkv)``, then
     :func:`self_attention_step` over consecutive chunks of ``x``, the
     outputs concatenated. By THE LAW it equals
     ``multi_head_attention(x, x, x, params, H, mask=causal_mask(L),
-    num_kv_heads=Hkv, rope=rope, rope_base=rope_base, softcap=softcap)[0]``, gradients
-    included (autograd flows through the out-of-place cache writes).
+    num_kv_heads=Hkv, rope=rope, rope_base=rope_base, softcap=softcap,
+    alibi_slopes=alibi_slopes)[0]``, gradients included (autograd flows through the out-of-place cache writes).
 
     Args:
       x: ``(B, L, D)``.
       params: multi-head attention params.
       num_heads: ``H``.
       chunks: ints ``>= 0`` summing to ``L``, e.g. ``(0, 3, 1, 1)``.
-      num_kv_heads, rope, rope_base, softcap: as :func:`self_attention_step`.
+      num_kv_heads, rope, rope_base, softcap, alibi_slopes: as :func:`self_attention_step`.
 
     Returns:
       ``(B, L, D)``.
     """
     chunks, num_kv_heads = rules.self_attention_incremental(  # mha's checks; chunks summing to L; Hkv
-        x, params, num_heads, chunks, num_kv_heads, rope, rope_base, softcap)
+        x, params, num_heads, chunks, num_kv_heads, rope, rope_base, softcap, alibi_slopes)
     B, L, D = x.shape
     cache = _empty_cache(B, num_kv_heads, L, D // num_heads, x.dtype, x.device)
     outs, start = [], 0
     for T in chunks:
         out, cache = _self_attention_step(x[:, start:start + T], params, num_heads, cache,
-                                          num_kv_heads, rope, rope_base, softcap)
+                                          num_kv_heads, rope, rope_base, softcap, alibi_slopes)
         outs.append(out)
         start += T
     return torch.cat(outs, dim=1) if outs else x[:, :0].clone()  # (B, L, D)
@@ -297,7 +300,7 @@ def _write(buffer, new, start):
 
 
 def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=None,
-                         rope_base=10000.0, softcap=None):
+                         rope_base=10000.0, softcap=None, alibi_slopes=None):
     n, T, C = int(cache["length"]), x.shape[1], cache["k"].shape[2]
     q, k, v = _project_heads(x, x, x, params, num_heads, num_kv_heads)  # (B, H|Hkv, T, Dh)
     positions = n + torch.arange(T, device=x.device)  # (T,): the absolute positions of the new tokens
@@ -306,7 +309,8 @@ def _self_attention_step(x, params, num_heads, cache, num_kv_heads=None, rope=No
     keys, values = _write(cache["k"], k, n), _write(cache["v"], v, n)  # (B, Hkv, C, Dh)
     # query t sits at position n + t and sees slots j <= n + t (never the empty ones beyond)
     mask = torch.arange(C, device=x.device)[None, :] <= positions[:, None]  # (T, C)
-    heads, _ = _attend(q, keys, values, mask, None, None, 0.0, None, None, True, softcap)  # (B, H, T, Dh)
+    bias = alibi(alibi_slopes, T, C, n)  # (H, T, C): -slope |p - j| at p = n + t, or None
+    heads, _ = _attend(q, keys, values, mask, bias, None, 0.0, None, None, True, softcap)  # (B, H, T, Dh)
     out = merge_heads(heads) @ params["w_o"] + params["b_o"]  # (B, T, D)
     return out, {"k": keys, "v": values, "length": cache["length"] + T}
 

@@ -19,7 +19,7 @@ the key shard it holds. Placement and causality come from global positions
 ``irecv`` of the next from ``r - 1`` (``dist.batch_isend_irecv``: gloo and
 NCCL alike), computes its block's ``(out, lse)`` with blockwise attention's
 own forward while the shard travels, merges it into the running pair, then
-waits. Steps whose block the causal structure masks entirely are skipped
+waits. Steps whose block the causal/window structure masks entirely are skipped
 (the shard still moves on). ``k`` and ``v`` travel with their own ``Hkv``
 heads and dtype; the block repeats them to ``H`` heads after arrival.
 
@@ -88,16 +88,21 @@ def shard_positions(L, num_shards, *, layout="contiguous"):
     return _ring.shard_positions(L, N, layout)
 
 
-def ring_schedule(Lq, Lk, num_shards, *, causal=False, align="top_left", layout="contiguous"):
+def ring_schedule(Lq, Lk, num_shards, *, causal=False, window=None, align="top_left", layout="contiguous"):
     """Which steps of the ring each rank computes, and its work.
+
+    A step whose (query shard, key shard) pair the structure masks entirely
+    (outside the causal triangle or the sliding window's band, decided from
+    global positions) is skipped.
 
     Returns:
       a ``RingSchedule``: ``q_positions``, ``k_positions`` ``(N, L / N)``,
       ``visible[r, s]`` (the visible pairs of rank ``r`` at step ``s``),
-      ``computed``, ``kv_shard(r, s)``, ``work()`` (blocks and pairs per
-      rank, and the imbalance max/mean), ``sends()``.
+      ``computed``, ``steps`` and ``skipped`` (over all ranks),
+      ``kv_shard(r, s)``, ``work()`` (blocks and pairs per rank, and the
+      imbalance max/mean), ``sends()``.
     """
-    return _ring.ring_schedule(*rules.ring_schedule(Lq, Lk, num_shards, causal, align, layout))
+    return _ring.ring_schedule(*rules.ring_schedule(Lq, Lk, num_shards, causal, align, layout, window))
 
 
 def shard_sequence(x, num_shards, *, layout="contiguous", axis=-2):
@@ -169,13 +174,14 @@ def _lse_dtype(x):
 # the ring
 
 
-def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_left",
-                   layout="contiguous", group=None):
+def ring_attention(q, k, v, mask=None, scale=None, *, bias=None, causal=False, window=None, align="top_left",
+                   layout="contiguous", softcap=None, alibi_slopes=None, group=None):
     """Sequence-parallel (ring) attention, one call per rank of a process group.
 
     Called by every rank of ``group`` with its own shards, it returns its
-    own shard of ``blockwise_attention(Q, K, V, mask, scale=scale,
-    causal=causal, align=align)`` of the global ``Q, K, V`` (to rounding):
+    own shard of ``blockwise_attention(Q, K, V, mask, bias, scale=scale,
+    causal=causal, window=window, align=align, softcap=softcap,
+    alibi_slopes=alibi_slopes)`` of the global ``Q, K, V`` (to rounding):
     ``unshard_sequence`` of the ranks' results is the global ``(out, lse)``.
     Differentiable in ``q``, ``k``, ``v`` (and through ``lse``) by the
     reverse ring (module docstring); every rank must call ``backward``.
@@ -190,11 +196,23 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
       mask: optional bool, broadcastable to the *global* ``(*batch, Lq, Lk)``
         (``Lq = N nq``, ``Lk = N nk``), True = attend; the same on every rank.
       scale: optional float; ``1 / sqrt(Dk)`` by default.
+      bias: optional float, broadcastable to the *global* ``(*batch, Lq, Lk)``,
+        the same on every rank (as the mask); ``-inf`` entries count as
+        masked. Its gradient is the global loss's (every rank's share, summed
+        over the group by an ``all_reduce``), the same on every rank.
       causal: key ``j`` visible from query ``i`` iff ``j <= i + offset``
         (global positions).
+      window: None or ``(left, right)``: query ``i`` sees keys
+        ``p - left <= j <= p + right``, ``p = i + offset`` (global positions);
+        steps outside the band are skipped.
       align: ``"top_left"`` (``offset = 0``) or ``"bottom_right"`` (``Lk - Lq``).
       layout: ``"contiguous"`` or ``"zigzag"`` (:func:`shard_positions`); the
         shards must have been cut with it (zigzag: even ``nq``, ``nk``).
+      softcap: None or a positive float: ``cap · tanh(q kᵀ · scale / cap)``
+        before the bias and the mask.
+      alibi_slopes: None or float ``(H,)`` or ``(B, H)``, the same on every
+        rank: adds ``-slope_h · |p_i - j|`` from global positions; gradient
+        summed over the group, as bias's.
       group: the process group of the ring (None: the default group; with
         no process group initialised the ring has one rank and nothing is sent).
 
@@ -212,14 +230,15 @@ def ring_attention(q, k, v, mask=None, scale=None, *, causal=False, align="top_l
       appended.
     """
     try:
-        rules.ring_shard(q, k, v, mask, scale, causal, align, layout, _world(group))  # SPEC 3.24
+        _, window = rules.ring_shard(q, k, v, mask, scale, causal, align, layout, _world(group), bias, window,
+                                     softcap, alibi_slopes)  # SPEC 3.24
     except (TypeError, ValueError) as exc:  # tell the other ranks before raising, or they wait forever
         _agree(group, q, k, v, exc)
         raise
     _agree(group, q, k, v)
     N, rank = _world(group), _rank(group)
-    ring = _RingPlan(q, k, mask, causal, align, layout, N, rank, group)
-    return _RingAttention.apply(q, k, v, attention_scale(q, scale), ring)
+    ring = _RingPlan(q, k, mask, causal, align, layout, N, rank, group, window, softcap)
+    return _RingAttention.apply(q, k, v, bias, alibi_slopes, attention_scale(q, scale), ring)
 
 
 def _world(group):
@@ -271,11 +290,12 @@ def _meta(x):
 class _RingPlan:
     """What one rank needs besides q, k, v: the schedule, its mask rows, its peers."""
 
-    def __init__(self, q, k, mask, causal, align, layout, N, rank, group):
-        self.N, self.rank, self.group, self.causal = N, rank, group, causal
-        self.sched = _ring.ring_schedule(q.shape[-2] * N, k.shape[-2] * N, N, causal, align, layout)
+    def __init__(self, q, k, mask, causal, align, layout, N, rank, group, window=None, softcap=None):
+        self.N, self.rank, self.group, self.causal, self.window = N, rank, group, causal, window
+        self.softcap = None if softcap is None else float(softcap)
+        self.sched = _ring.ring_schedule(q.shape[-2] * N, k.shape[-2] * N, N, causal, align, layout, window)
         qp = self.sched.q_positions[rank]
-        m = None if mask is None else mask.reshape((1,) * (q.ndim - mask.ndim) + tuple(mask.shape))
+        m = None if mask is None else _full_rank(mask, q.ndim)
         if m is not None and m.shape[-2] != 1:
             m = m.index_select(-2, _index(qp, m.device))  # (*batch|1, nq, Lk|1): this rank's rows
         self.mask = m
@@ -293,20 +313,45 @@ class _RingPlan:
         for s in range(self.N):
             yield s, self.sched.kv_shard(self.rank, s), bool(self.sched.computed[self.rank, s])
 
-    def scores(self, j, device):
-        """The block's ``_Scores`` for key shard ``j``: mask columns and causal
-        structure from global positions (None when nothing restricts the block)."""
+    def scores(self, j, device, bias=None):
+        """The block's ``_Scores`` for key shard ``j``: mask columns and causal/window
+        structure from global positions (None when nothing restricts the block),
+        the step's bias block (:meth:`bias_block`) and the soft cap."""
         qp, kp = self.sched.q_positions[self.rank], self.sched.k_positions[j]
         allowed = None
-        if self.causal:
-            visible = _ring.visible_pairs(qp, kp, True, self.sched.offset)  # (nq, nk), host
+        if self.sched.structural:
+            visible = _ring.visible_pairs(qp, kp, self.causal, self.sched.offset, self.window)  # (nq, nk), host
             if not visible.all():
                 allowed = torch.as_tensor(visible, device=device)
         if self.mask is not None:
             m = self.mask
             m = m if m.shape[-1] == 1 else m.index_select(-1, _index(kp, m.device))  # (..., nq|1, nk|1)
             allowed = m if allowed is None else allowed & m
-        return _Scores(allowed, None, None, None, self.block)
+        return _Scores(allowed, bias, None, self.softcap, self.block)
+
+    def index(self, x, j):
+        """The index ``(rows, cols)`` of this rank's queries and key shard ``j`` in ``x``
+        ``(…, Lq|1, Lk|1)`` (global positions; a broadcast axis stays size 1)."""
+        qp, kp = self.sched.q_positions[self.rank], self.sched.k_positions[j]
+        rows = _index(qp if x.shape[-2] != 1 else [0], x.device)[:, None]
+        cols = _index(kp if x.shape[-1] != 1 else [0], x.device)[None, :]
+        return rows, cols
+
+    def distance(self, j, dtype, device):
+        """ALiBi's ``|p_i - j|`` of the step from global positions: ``(nq, nk)``."""
+        qp, kp = self.sched.q_positions[self.rank], self.sched.k_positions[j]
+        return torch.as_tensor(np.abs(qp[:, None] + self.sched.offset - kp[None, :]), dtype=dtype, device=device)
+
+    def bias_block(self, bias, slopes, j, dtype, device):
+        """The step's additive bias in the compute dtype: the global bias
+        ``(…, Lq|1, Lk|1)`` at this rank's rows and shard ``j``'s columns plus
+        ALiBi's ``-slope_h · |p_i - j|``; None when neither is given."""
+        block = None if bias is None else upcast(bias[(..., *self.index(bias, j))])
+        if slopes is not None:
+            s = upcast(slopes).reshape((1,) * (2 - slopes.ndim) + tuple(slopes.shape))[..., None, None]
+            alibi = -s * self.distance(j, dtype, device)  # (B|1, H, nq, nk)
+            block = alibi if block is None else block + alibi
+        return block
 
     def exchange(self, sends, recvs):
         """Post ``isend`` of ``sends`` to rank + 1 and ``irecv`` into ``recvs`` from
@@ -324,27 +369,38 @@ def _wait(requests):
 
 
 class _RingAttention(torch.autograd.Function):
-    """The ring as an autograd node: the forward keeps ``(q, k, v, out, lse)``
-    (``out`` unrounded), the backward runs the reverse ring from them."""
+    """The ring as an autograd node: the forward keeps ``(q, k, v, bias, slopes,
+    out, lse)`` (``out`` unrounded), the backward runs the reverse ring from them."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, ring):
+    def forward(ctx, q, k, v, bias, slopes, scale, ring):
+        ctx.bias_shape = None if bias is None else bias.shape
+        bias = None if bias is None else _full_rank(bias, q.ndim)  # (*batch|1, Lq|1, Lk|1)
         with torch.autocast(q.device.type, enabled=False):
-            out, lse = _ring_forward(q, k, v, scale, ring)
-        ctx.save_for_backward(q, k, v, out, lse)
+            out, lse = _ring_forward(q, k, v, bias, slopes, scale, ring)
+        ctx.save_for_backward(q, k, v, bias, slopes, out, lse)
         ctx.scale, ctx.ring = scale, ring
         return out.to(q.dtype), lse.to(_lse_dtype(q))  # rounded once
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out, d_lse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, bias, slopes, out, lse = ctx.saved_tensors
+        want = (bias is not None and ctx.needs_input_grad[3], slopes is not None and ctx.needs_input_grad[4])
         with torch.autocast(q.device.type, enabled=False):
-            dq, dk, dv = _ring_backward(q, k, v, out, lse, d_out, d_lse, ctx.scale, ctx.ring)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+            dq, dk, dv, d_bias, d_slopes = _ring_backward(q, k, v, bias, slopes, out, lse, d_out, d_lse,
+                                                          ctx.scale, ctx.ring, want)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+                None if d_bias is None else d_bias.reshape(ctx.bias_shape).to(bias.dtype),
+                None if d_slopes is None else d_slopes.reshape(slopes.shape).to(slopes.dtype), None, None)
 
 
-def _ring_forward(q, k, v, scale, ring):
+def _full_rank(x, ndim):
+    """``x`` with leading size-1 axes up to ``ndim`` (a view)."""
+    return x.reshape((1,) * (ndim - x.ndim) + tuple(x.shape))
+
+
+def _ring_forward(q, k, v, bias, slopes, scale, ring):
     """This rank's ``(out, lse)`` in the compute dtype (float32 for half inputs)."""
     q32 = upcast(q)  # the block then computes (and returns) in the compute dtype
     held = [k.contiguous(), v.contiguous()]  # k/v shard j travel in their own dtype, Hkv heads
@@ -353,7 +409,8 @@ def _ring_forward(q, k, v, scale, ring):
         arriving = [torch.empty_like(x) for x in held] if s < ring.N - 1 else []
         requests = ring.exchange(held if arriving else [], arriving)  # travels while we compute
         if computed:
-            part = _block_forward(q32, held[0], held[1], scale, ring.scores(j, q.device))[:2]  # (out, lse)
+            scores = ring.scores(j, q.device, ring.bias_block(bias, slopes, j, q32.dtype, q.device))
+            part = _block_forward(q32, held[0], held[1], scale, scores)[:2]  # (out, lse)
             running = part if running is None else _merge(*(torch.stack(x) for x in zip(running, part)))
         _wait(requests)
         held = arriving or held
@@ -362,10 +419,15 @@ def _ring_forward(q, k, v, scale, ring):
     return running
 
 
-def _ring_backward(q, k, v, out, lse, d_out, d_lse, scale, ring):
-    """The reverse ring: ``(dq, dk, dv)`` of this rank's shards, in the compute dtype."""
+def _ring_backward(q, k, v, bias, slopes, out, lse, d_out, d_lse, scale, ring, want):
+    """The reverse ring: ``(dq, dk, dv)`` of this rank's shards and ``(d_bias, d_slopes)``
+    of the global bias (full rank) and slopes (``(B|1, H)``), summed over the group,
+    or None where ``want`` says not wanted; in the compute dtype."""
     q32 = upcast(q)
     dq = torch.zeros_like(q32)
+    d_bias = torch.zeros_like(upcast(bias)) if want[0] else None  # (*batch|1, Lq|1, Lk|1)
+    d_slopes = (torch.zeros_like(upcast(slopes)).reshape(-1, slopes.shape[-1])
+                if want[1] else None)  # (B|1, H)
     held = [k.contiguous(), v.contiguous()]
     acc = [torch.zeros_like(upcast(k)), torch.zeros_like(upcast(v))]  # travel with the shard
     stats = (lse, torch.ones_like(lse))  # (m, l) = (lse, 1): P = exp(s - lse) from the merged lse
@@ -373,8 +435,16 @@ def _ring_backward(q, k, v, out, lse, d_out, d_lse, scale, ring):
         arriving = [torch.empty_like(x) for x in held] if s < ring.N - 1 else []
         requests = ring.exchange(held if arriving else [], arriving)  # the next shard, during the block
         if computed:
-            g_q, g_k, g_v, _, _ = _block_backward(q32, upcast(held[0]), upcast(held[1]), out, stats, d_out,
-                                                  d_lse, scale, ring.scores(j, q.device), False, False)
+            step_bias = ring.bias_block(bias, slopes, j, q32.dtype, q.device)
+            g_q, g_k, g_v, g_b, _ = _block_backward(q32, upcast(held[0]), upcast(held[1]), out, stats, d_out,
+                                                    d_lse, scale, ring.scores(j, q.device, step_bias),
+                                                    step_bias is not None and any(want), False)
+            if d_bias is not None:  # the step's dS at its global rows and columns (distinct positions)
+                rows, cols = ring.index(d_bias, j)
+                d_bias[..., rows, cols] += _sum_to_shape(g_b, d_bias[..., rows, cols].shape)
+            if d_slopes is not None:  # s += -slope_h · |p_i - j|
+                d_slopes -= _sum_to_shape((g_b * ring.distance(j, g_b.dtype, q.device)).sum((-2, -1)),
+                                          d_slopes.shape)
             dq += g_q
             acc[0] += g_k  # already summed over each group's query heads: Hkv heads
             acc[1] += g_v
@@ -382,7 +452,17 @@ def _ring_backward(q, k, v, out, lse, d_out, d_lse, scale, ring):
         requests += ring.exchange(acc, home)  # the accumulators follow the shard, N times in all
         _wait(requests)
         held, acc = arriving or held, home if ring.N > 1 else acc
-    return dq, acc[0], acc[1]
+    for g in (d_bias, d_slopes):
+        if g is not None and ring.N > 1:
+            dist.all_reduce(g, group=ring.group)  # every rank's share: the global loss's gradient
+    return dq, acc[0], acc[1], d_bias, d_slopes
+
+
+def _sum_to_shape(g, shape):
+    """``g`` summed over the axes broadcasting added or stretched to reach ``shape``."""
+    g = g.sum(tuple(range(g.ndim - len(shape)))) if g.ndim > len(shape) else g
+    axes = tuple(i for i, (n, m) in enumerate(zip(shape, g.shape)) if n == 1 and m != 1)
+    return g.sum(axes, keepdim=True) if axes else g
 
 
 # --------------------------------------------------------------------------

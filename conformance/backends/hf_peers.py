@@ -374,6 +374,8 @@ class _HfDecoderPeer(_TorchPeer):
         kw = call.kwargs
         if call.function != self.function or not _no_dropout(call) or kw.get("bias") is not None:
             return False
+        if kw.get("alibi_slopes") is not None:  # the Llama-family layers have no ALiBi: not expressible
+            return False
         if kw.get("rope") not in ("half", "interleaved"):  # the layer always rotates
             return False
         if kw.get("softcap") is not None and not self.softcap:
@@ -562,7 +564,7 @@ class _HfLlamaCachePeer(_TorchPeer):
     def supports(self, call: Call) -> bool:
         kw = call.kwargs
         return (call.function == self.function and kw.get("rope") in ("half", "interleaved")
-                and kw.get("softcap") is None and kw["x"].shape[1] > 0)
+                and kw.get("softcap") is None and kw.get("alibi_slopes") is None and kw["x"].shape[1] > 0)
 
     def new_cache(self, config, length: int):
         raise NotImplementedError

@@ -355,10 +355,10 @@ def _params_of(diff, kwargs_params):
 
 def _mha_plain(call: Call) -> bool:
     """No option these layers lack: dropout with the case's keep-mask, soft-capping, a
-    rotary embedding, an additive bias (none of the three layers takes one)."""
+    rotary embedding, ALiBi slopes, an additive bias (none of the three layers takes one)."""
     kw = call.kwargs
     return (_no_dropout(call) and kw.get("softcap") is None and kw.get("rope") is None
-            and kw.get("bias") is None)
+            and kw.get("bias") is None and kw.get("alibi_slopes") is None)
 
 
 def _mha_aux(call: Call, put, mask):
@@ -479,7 +479,7 @@ class FlaxNnxDecodePeer(_JaxLibraryPeer):
 
     def expressible(self, call: Call) -> bool:
         kw = call.kwargs
-        return (kw.get("rope") is None and kw.get("softcap") is None
+        return (kw.get("rope") is None and kw.get("softcap") is None and kw.get("alibi_slopes") is None
                 and len(kw["chunks"]) > 0 and all(int(t) == 1 for t in kw["chunks"]))
 
     def pack_aux(self, call: Call, put):

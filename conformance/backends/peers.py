@@ -80,11 +80,12 @@ def _no_dropout(call: Call) -> bool:
 def _plain(call: Call) -> bool:
     """No option the built-ins lack: dropout with the case's keep-mask, soft-capping
     (neither ``F.scaled_dot_product_attention`` nor ``jax.nn.dot_product_attention``
-    has one), grouped key/value projections or a rotary embedding in
+    has one), grouped key/value projections, a rotary embedding or ALiBi slopes in
     ``nn.MultiheadAttention``."""
     kw = call.kwargs
     return (_no_dropout(call) and kw.get("softcap") is None
-            and kw.get("num_kv_heads") in (None, kw.get("num_heads")) and kw.get("rope") is None)
+            and kw.get("num_kv_heads") in (None, kw.get("num_heads")) and kw.get("rope") is None
+            and kw.get("alibi_slopes") is None)
 
 
 # --------------------------------------------------------------------------

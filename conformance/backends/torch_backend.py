@@ -120,7 +120,8 @@ class TorchBackend(Backend):
             return unshard_sequence([np.asarray(p, dtype=np.float64) for p in parts], layout=layout, axis=axis)
 
         outputs = {"out": whole([r[0] for r in ranks]), "lse": whole([r[1] for r in ranks], axis=-1)}
-        grads = {name: whole([r[2][name] for r in ranks]) for name in call.wrt}
+        grads = {name: (np.asarray(ranks[0][2][name], dtype=np.float64) if name in _RING_GLOBAL  # summed over ranks
+                        else whole([r[2][name] for r in ranks])) for name in call.wrt}
         return Result(outputs, grads)
 
     def _to_torch(self, kwargs: dict, dtype: str | None) -> dict:
@@ -168,6 +169,10 @@ def _to_numpy(t):
     return (t.double() if t.dtype.is_floating_point else t).numpy()
 
 
+#: the ring's arguments every rank takes whole (as the mask): their gradients come back summed
+_RING_GLOBAL = ("bias", "alibi_slopes")
+
+
 def _ring_job(kwargs, dtype, wrt, cotangents, cuda):
     """One rank's part of a ring case (run by ``conformance.backends.torch_dist``'s ranks):
     ``(out, lse, grads)`` of this rank's shards, as float64 numpy.
@@ -193,13 +198,20 @@ def _ring_job(kwargs, dtype, wrt, cotangents, cuda):
         t = torch.from_numpy(np.ascontiguousarray(part)).to(device)
         return t.to(target) if target is not None and t.dtype.is_floating_point else t
 
+    def whole(x):
+        if x is None or not isinstance(x, np.ndarray):
+            return x
+        t = torch.from_numpy(np.ascontiguousarray(x)).to(device)
+        return t.to(target) if target is not None and t.dtype.is_floating_point else t
+
     q, k, v = (local(kwargs[name]) for name in ("q", "k", "v"))
     mask = kwargs.get("mask")
     mask = None if mask is None else torch.from_numpy(np.asarray(mask)).to(device)
-    leaves = {"q": q, "k": k, "v": v}
+    leaves = {"q": q, "k": k, "v": v, **{name: whole(kwargs.get(name)) for name in _RING_GLOBAL}}
     for name in wrt:
         leaves[name].requires_grad_(True)
-    extra = {key: kwargs[key] for key in ("causal", "align", "layout") if key in kwargs}
+    extra = {key: kwargs[key] for key in ("causal", "window", "align", "layout", "softcap") if key in kwargs}
+    extra.update({name: leaves[name] for name in _RING_GLOBAL if name in kwargs})
     out, lse = torch_impl.ring_attention(q, k, v, mask, kwargs.get("scale"), **extra)
     grads = {}
     if wrt:

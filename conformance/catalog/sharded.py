@@ -55,6 +55,31 @@ def _ring(r, N, layout="contiguous", mask="none", causal=False, align="top_left"
             "num_shards": N}
 
 
+def _ring_variant(r, N, bias=None, alibi=None, window=None, softcap=None, heads=2, kv_heads=None, **kw):
+    """``_ring`` with the ring's variants (SPEC 3.24), drawn after its arrays: ``bias``
+    ``"full"`` ``(B, H, Lq, Lk)`` with ``-inf`` entries (a masked key, a masked row) or
+    ``"keys"`` ``(Lk,)`` (broadcast: its gradient sums batch, heads and queries); ALiBi
+    slopes ``"H"`` ``(H,)`` or ``"BH"`` ``(B, H)``; a window; a soft cap. H = 2 keeps the
+    fixtures small."""
+    out = _ring(r, N, heads=heads, kv_heads=heads if kv_heads is None else kv_heads, **kw)
+    Lq, Lk = out["q"].shape[-2], out["k"].shape[-2]
+    if bias == "full":
+        b = normal(r, B, heads, Lq, Lk)
+        b[0, 1, 2] = -np.inf  # a row with no valid key: out 0, lse -inf, gradient 0
+        b[1, 0, :, 5] = -np.inf  # a key masked by the bias alone, in shard 1
+        out["bias"] = b
+    elif bias == "keys":
+        out["bias"] = normal(r, Lk)
+    if alibi is not None:
+        shape = (heads,) if alibi == "H" else (B, heads)  # powers of two: exact in every dtype
+        out["alibi_slopes"] = 2.0 ** -r.integers(1, 5, size=shape).astype(np.float64)
+    if window is not None:
+        out["window"] = window
+    if softcap is not None:
+        out["softcap"] = softcap
+    return out
+
+
 def _merge(r, S=3, empty=False):
     outs, lses = normal(r, S, B, H, L, DV), normal(r, S, B, H, L, scale=2.0)
     if empty:
@@ -156,6 +181,25 @@ _case("sharded/ring/2/contiguous/large-scores", _RING, partial(_ring_offset, N=2
            "underflow (batch 1); the merge of the two steps must subtract the largest lse")
 _case("sharded/ring/1/causal", _RING, partial(_ring, N=1, causal=True, mask="padding"),
       note="one shard: the single-device function")
+_case("sharded/ring/4/contiguous/window", _RING, partial(_ring_variant, N=4, window=(1, 2)),
+      note="window (1, 2) from global positions: device r computes key shards r - 1 .. r + 1 only, "
+           "the other steps are skipped (the shard still moves on)")
+_case("sharded/ring/4/zigzag/causal+window", _RING,
+      partial(_ring_variant, N=4, layout="zigzag", causal=True, window=(3, None), mask="padding"),
+      note="a causal window of 4 keys over zigzag shards: positions, not shard indices, decide the band")
+_case("sharded/ring/2/contiguous/bias", _RING, partial(_ring_variant, N=2, bias="full", causal=True),
+      note="a dense (B, H, Lq, Lk) bias taken at global positions, with -inf entries (masked, SPEC 3.3): "
+           "a row with no valid key, a key masked in one batch; its gradient is the block's dS put back")
+_case("sharded/ring/2/zigzag/alibi", _RING, partial(_ring_variant, N=2, layout="zigzag", alibi="H", causal=True),
+      note="ALiBi slopes (H,): -slope_h |p_i - j| from global positions (zigzag shards are not contiguous); "
+           "its gradient -sum dS |p_i - j|")
+_case("sharded/ring/2/contiguous/softcap", _RING,
+      partial(_ring_variant, N=2, softcap=1.5, bias="keys", mask="padding"),
+      note="cap tanh(s / cap) before a (Lk,) bias broadcast over batch, heads and queries")
+_case("sharded/ring/2/zigzag/gqa+window+alibi+softcap", _RING,
+      partial(_ring_variant, N=2, layout="zigzag", heads=4, kv_heads=2, window=(2, 1), alibi="BH", softcap=2.0,
+              align="bottom_right", Lq=4),
+      note="grouped k/v heads with every variant at once, Lq != Lk bottom-right: slopes (B, H)")
 
 # --------------------------------------------------------------------------
 # head/batch sharding
@@ -189,6 +233,13 @@ _err("sharded/ring-num-shards-zero", _RING, "ValueError", "num_shards", _with(pa
 _err("sharded/ring-causal-not-bool", _RING, "TypeError", "causal", _with(partial(_ring, N=2), causal=1))
 _err("sharded/ring-float-mask", _RING, "TypeError", "mask",
      lambda r: {**_ring(r, N=2), "mask": padding_keep([3, 8], L).astype(np.float64)})
+_err("sharded/ring-bias-shape", _RING, "ValueError", "bias",
+     lambda r: {**_ring_variant(r, N=2), "bias": normal(r, 3, L)})
+_err("sharded/ring-alibi-slopes-shape", _RING, "ValueError", "alibi_slopes",
+     lambda r: {**_ring_variant(r, N=2), "alibi_slopes": np.ones(3)})
+_err("sharded/ring-window-negative", _RING, "ValueError", "window", partial(_ring_variant, N=2, window=(-1, 0)))
+_err("sharded/ring-window-not-a-pair", _RING, "TypeError", "window", partial(_ring_variant, N=2, window=3))
+_err("sharded/ring-softcap-zero", _RING, "ValueError", "softcap", partial(_ring_variant, N=2, softcap=0.0))
 _err("sharded/merge-lses-shape", _MERGE, "ValueError", "lses",
      lambda r: {**_merge(r), "lses": normal(r, 3, B, H, L - 1)})
 _err("sharded/merge-no-parts", _MERGE, "ValueError", "outs",

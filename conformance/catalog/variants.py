@@ -338,7 +338,7 @@ def gqa_mha_params(r, D, H, Hkv):
 
 
 def _mha(r, D=16, H=4, Hkv=2, Lq=5, Lk=7, self_attn=False, mask="none", rope=None, rope_base=10000.0,
-         softcap=None):
+         softcap=None, alibi=False):
     params = gqa_mha_params(r, D, H, Hkv)
     query = normal(r, B, Lq, D)
     if self_attn:
@@ -353,6 +353,8 @@ def _mha(r, D=16, H=4, Hkv=2, Lq=5, Lk=7, self_attn=False, mask="none", rope=Non
         kw.update(rope=rope, rope_base=rope_base)
     if softcap is not None:
         kw.update(softcap=softcap)
+    if alibi:  # Press et al.'s slopes: powers of two, exact in every dtype, as every -slope |i - j| here
+        kw.update(alibi_slopes=_slopes(H))
     return kw
 
 
@@ -383,13 +385,15 @@ _case("softcap/mha/gqa/rope/self/padding+causal", _MHA,
       note="a Gemma-2-style block: GQA, RoPE, scores capped at 0.5 before the mask", **ROPE_B_K)
 
 
-def draw_incremental(r, chunks, D=16, H=4, Hkv=2, rope="half", rope_base=10000.0, softcap=None):
+def draw_incremental(r, chunks, D=16, H=4, Hkv=2, rope="half", rope_base=10000.0, softcap=None, alibi=False):
     kw = {"x": normal(r, B, L, D), "params": gqa_mha_params(r, D, H, Hkv), "num_heads": H, "chunks": tuple(chunks),
           "num_kv_heads": Hkv}
     if rope is not None:
         kw.update(rope=rope, rope_base=rope_base)
     if softcap is not None:
         kw.update(softcap=softcap)
+    if alibi:
+        kw.update(alibi_slopes=_slopes(H))
     return kw
 
 
@@ -413,6 +417,16 @@ _case("rope/cache/prefill3-pair", _INC,
       partial(draw_incremental, chunks=(3, 2), D=12, H=3, Hkv=None), key_bias=False,
       note="num_kv_heads None: H kv heads")
 
+# ALiBi in multi-head attention and the cache: -slope_h |i - j| added to head h's scores
+_case("alibi/mha/self/causal", _MHA, partial(_mha, D=12, H=3, Hkv=None, self_attn=True, mask="causal", alibi=True),
+      note="H = 3 (slopes 2^-4, 2^-8, 2^-2), queries and keys at 0..L-1: the causal form on the kept keys")
+_case("alibi/mha/gqa/cross/padding", _MHA, partial(_mha, D=12, H=6, Hkv=3, mask="padding", alibi=True),
+      note="H = 6 over Hkv = 3, Lq = 5 < Lk = 7: the symmetric -slope |i - j| (future keys penalised too)")
+_case("alibi/cache/gqa/prefill3-singles", _INC,
+      partial(draw_incremental, chunks=(3, 1, 1), D=12, H=6, Hkv=3, rope=None, alibi=True),
+      zero=declared_zero("params.b_k", KEY_BIAS), note="each step's bias from the absolute positions "
+      "length + t (H = 6 over Hkv = 3): equal to the full causal pass")
+
 
 def _mha_bad(**change):
     return changed(partial(_mha, mask="padding", rope="half"), **change)
@@ -434,3 +448,7 @@ _err("gqa/cache-chunks-sum", _INC, "ValueError", "chunks",
      lambda r: {**draw_incremental(r, chunks=(2, 1, 1, 1)), "chunks": (2, 2)})
 _err("gqa/cache-num_kv_heads-indivisible", _INC, "ValueError", "num_kv_heads",
      lambda r: {**draw_incremental(r, chunks=(2, 1, 1, 1)), "num_kv_heads": 3})
+_err("alibi/mha-slopes-shape", _MHA, "ValueError", "alibi_slopes",
+     _mha_bad(alibi_slopes=lambda kw, r: _slopes(3)), note="3 slopes for 4 heads: (H,) expected")
+_err("alibi/cache-slopes-int", _INC, "TypeError", "alibi_slopes",
+     lambda r: {**draw_incremental(r, chunks=(2, 1, 1, 1)), "alibi_slopes": np.ones(4, dtype=np.int64)})

@@ -214,6 +214,8 @@ class MyLlamaBackend(Backend):
             return True
         if kw.get("softcap") is not None:  # a Llama block has no soft cap (Gemma 2's has)
             return False
+        if kw.get("alibi_slopes") is not None:  # nor ALiBi: its positions are rotary only
+            return False
         if call.function == "self_attention_incremental":
             return True
         return (call.function == "multi_head_attention" and ("rope" in kw or "num_kv_heads" in kw)

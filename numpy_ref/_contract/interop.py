@@ -345,19 +345,49 @@ def _as_arrays(ops: ArrayOps, state, keys) -> dict:
 # the public conversions, bound by each mirror (docstrings there)
 
 
-def mha_params_to_torch(ops: ArrayOps, params) -> dict:
-    """Canonical attention params -> ``nn.MultiheadAttention`` state dict."""
-    _check_mha_params(ops.checks, params, "params")
-    return _block_to_torch(ops, MHA, params)
+def mha_params_to_torch(ops: ArrayOps, params, num_heads=None, num_kv_heads=None) -> dict:
+    """Canonical attention params -> ``nn.MultiheadAttention`` state dict; grouped
+    k/v (``num_kv_heads``) repeated to the ``H`` query heads, kv head ``h // G`` for head ``h``."""
+    if num_kv_heads is None:
+        _check_mha_params(ops.checks, params, "params")
+        return _block_to_torch(ops, MHA, params)
+    if num_heads is None:  # the head width is D / num_heads
+        raise ValueError("num_heads: expected a positive int when num_kv_heads is given, got None")
+    d = _check_heads_params(ops.checks, params, "params", num_heads, num_kv_heads)
+    heads = [h // (d["H"] // d["Hkv"]) for h in range(d["H"])]  # the kv head of each query head
+    full = {key: _heads_last(params[key], d["Hkv"], d["Dh"])[..., heads, :].reshape(*params[key].shape[:-1], -1)
+            for key in ("w_k", "b_k", "w_v", "b_v")}  # (D, D) and (D,): each kv head G times in a row
+    return _block_to_torch(ops, MHA, {**params, **full})
 
 
-def mha_params_from_torch(ops: ArrayOps, state) -> dict:
-    """``nn.MultiheadAttention`` state dict -> canonical attention params."""
+def mha_params_from_torch(ops: ArrayOps, state, num_heads=None, num_kv_heads=None) -> dict:
+    """``nn.MultiheadAttention`` state dict -> canonical attention params; with
+    ``num_kv_heads``, the k/v heads of each group (equal, else a ValueError) collapsed to one."""
     keys = tuple(MHA.torch)
     ops.checks.check_params(state, "state", keys)
     state = _as_arrays(ops, state, keys)
-    _check_mha_state(ops.checks, state, "state")
-    return _block_from_torch(ops, MHA, state)
+    D = _check_mha_state(ops.checks, state, "state")
+    params = _block_from_torch(ops, MHA, state)
+    if num_kv_heads is None:
+        return params
+    if num_heads is None:
+        raise ValueError("num_heads: expected a positive int when num_kv_heads is given, got None")
+    H = ops.checks.rules.heads(num_heads, D)
+    Hkv = ops.checks.rules.kv_heads(num_kv_heads, H)
+    G, Dh = H // Hkv, D // H
+    for key in ("w_k", "b_k", "w_v", "b_v"):
+        grouped = _heads_last(params[key], Hkv, G * Dh).reshape(*params[key].shape[:-1], Hkv, G, Dh)
+        if not bool((grouped == grouped[..., :1, :]).all()):
+            raise ValueError(f"num_kv_heads: expected the {G} query heads of each of the {Hkv} groups to share "
+                             f"their {key} columns (nn.MultiheadAttention repeats a grouped head), "
+                             f"got heads that differ in state (num_heads={H})")
+        params[key] = ops.copy(grouped[..., 0, :].reshape(*params[key].shape[:-1], Hkv * Dh))
+    return params
+
+
+def _heads_last(x, heads: int, width: int):
+    """``x (..., heads·width)`` -> ``(..., heads, width)``."""
+    return x.reshape(*x.shape[:-1], heads, width)
 
 
 def encoder_layer_params_to_torch(ops: ArrayOps, params) -> dict:

@@ -19,10 +19,13 @@ Which positions a shard holds is the *layout*:
   what the load-balanced ring of Brandon et al. (Striped/ Zigzag ring
   attention, PyTorch's ``context_parallel`` "round robin") does.
 
-Positions are global: causality is decided from the positions a shard holds
-(``p = i + offset`` for query ``i``, ``offset = 0`` for ``align="top_left"``
-and ``Lk - Lq`` for ``"bottom_right"``; key ``j`` visible iff ``j <= p``),
-never from the shard's index alone. This module is plain Python and numpy
+Positions are global: causality and the sliding window are decided from the
+positions a shard holds (``p = i + offset`` for query ``i``, ``offset = 0``
+for ``align="top_left"`` and ``Lk - Lq`` for ``"bottom_right"``; key ``j``
+visible iff ``p - left <= j <= p + right``, ``causal`` capping ``right`` at
+0, a None side unbounded, as blockwise attention's ``window``), never from
+the shard's index alone. A step whose (query shard, key shard) pair has no
+visible pair, outside the causal triangle or the window's band, is skipped. This module is plain Python and numpy
 (host data, the same in the three mirrors); each exposes
 :func:`shard_positions` and :func:`ring_schedule` under its own
 ``sharded`` module.
@@ -32,6 +35,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
+from .blocks import window_bounds
 
 __all__ = ["LAYOUTS", "RingSchedule", "shard_positions", "ring_schedule", "chunks_per_shard"]
 
@@ -62,6 +67,7 @@ class RingSchedule:
     Attributes:
       Lq, Lk, num_shards, layout, causal, offset: the sizes and structure
         (query ``i`` sits at key position ``i + offset``).
+      left, right: the window after ``causal`` (None = unbounded).
       q_positions: ``(N, Lq / N)``, the query positions of each shard.
       k_positions: ``(N, Lk / N)``, the key positions of each shard.
       computed: ``(N, N)`` bool, ``computed[r, s]``: at step ``s`` device
@@ -77,6 +83,8 @@ class RingSchedule:
     layout: str
     causal: bool
     offset: int
+    left: int | None
+    right: int | None
     q_positions: np.ndarray
     k_positions: np.ndarray
     visible: np.ndarray
@@ -88,6 +96,21 @@ class RingSchedule:
     @property
     def computed(self) -> np.ndarray:
         return self.visible > 0
+
+    @property
+    def steps(self) -> int:
+        """Steps computed, over all devices (at most ``N²``)."""
+        return int(self.computed.sum())
+
+    @property
+    def skipped(self) -> int:
+        """Steps skipped, over all devices: ``N² - steps`` (their shard still moves on)."""
+        return self.num_shards * self.num_shards - self.steps
+
+    @property
+    def structural(self) -> bool:
+        """True when a causal or window bound exists (a step needs the position mask)."""
+        return self.left is not None or self.right is not None
 
     def work(self) -> dict:
         """Per-device work: ``{"blocks", "pairs", "imbalance"}``: blocks
@@ -107,21 +130,28 @@ class RingSchedule:
         return (N - 1) + N if backward else N - 1
 
 
-def visible_pairs(q_pos: np.ndarray, k_pos: np.ndarray, causal: bool, offset: int) -> np.ndarray:
-    """``(len(q_pos), len(k_pos))`` bool: key position ``j`` visible from query ``i`` (structure only)."""
-    if not causal:
-        return np.ones((q_pos.size, k_pos.size), dtype=bool)
-    return k_pos[None, :] <= q_pos[:, None] + offset
+def visible_pairs(q_pos: np.ndarray, k_pos: np.ndarray, causal: bool, offset: int, window=None) -> np.ndarray:
+    """``(len(q_pos), len(k_pos))`` bool: key position ``j`` visible from query ``i``
+    (structure only: ``p - left <= j <= p + right`` with ``p = i + offset``)."""
+    left, right = window_bounds(causal, window)
+    ok = np.ones((q_pos.size, k_pos.size), dtype=bool)
+    p = q_pos[:, None] + offset
+    if left is not None:
+        ok &= k_pos[None, :] >= p - left
+    if right is not None:
+        ok &= k_pos[None, :] <= p + right
+    return ok
 
 
 def ring_schedule(Lq: int, Lk: int, num_shards: int, causal: bool = False,
-                  align: str = "top_left", layout: str = "contiguous") -> RingSchedule:
+                  align: str = "top_left", layout: str = "contiguous", window=None) -> RingSchedule:
     """The schedule for already validated arguments (see the module docstring)."""
     N = num_shards
     offset = 0 if align == "top_left" else Lk - Lq
+    left, right = window_bounds(causal, window)
     qp, kp = shard_positions(Lq, N, layout), shard_positions(Lk, N, layout)
     visible = np.zeros((N, N), dtype=np.int64)
     for r in range(N):
         for s in range(N):
-            visible[r, s] = visible_pairs(qp[r], kp[(r - s) % N], causal, offset).sum()
-    return RingSchedule(Lq, Lk, N, layout, causal, offset, qp, kp, visible)
+            visible[r, s] = visible_pairs(qp[r], kp[(r - s) % N], causal, offset, window).sum()
+    return RingSchedule(Lq, Lk, N, layout, causal, offset, left, right, qp, kp, visible)

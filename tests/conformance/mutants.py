@@ -403,8 +403,8 @@ def _kv_head_by_hkv_inside(original):
 def _ring_always_bottom_right(original):
     """A ring whose causal structure is aligned bottom-right (offset ``Lk - Lq``) whatever ``align`` says."""
     class Ring(original):
-        def __init__(self, q, k, mask, scale, causal, align, layout, num_shards, G):
-            super().__init__(q, k, mask, scale, causal, "bottom_right", layout, num_shards, G)
+        def __init__(self, q, k, mask, scale, causal, align, layout, num_shards, G, *rest, **options):
+            super().__init__(q, k, mask, scale, causal, "bottom_right", layout, num_shards, G, *rest, **options)
     return Ring
 
 

@@ -471,3 +471,59 @@ def test_jax_impl_leaves_x64_to_the_caller():
 
     assert jax.config.jax_enable_x64
     assert "jax_enable_x64" not in inspect.getsource(jax_impl.sharded).replace("``jax_enable_x64``", "")
+
+
+# --------------------------------------------------------------------------
+# windows, bias, ALiBi, soft-capping (SPEC 3.24)
+# --------------------------------------------------------------------------
+
+#: (N, layout, causal, align, Lq, Lk, window, bias shape, slopes shape, softcap): every variant in each
+VARIANTS = [
+    (2, "zigzag", True, "top_left", 8, 8, (2, None), (B, H, 8, 8), (H,), 1.5),
+    (4, "contiguous", False, "bottom_right", 8, 16, (3, 2), (16,), (B, H), None),
+    (4, "zigzag", False, "top_left", 16, 16, (1, 1), (B, 1, 16, 1), None, 2.0),
+]
+
+
+@pytest.mark.parametrize("case", [VARIANTS[0], *(slow(c) for c in VARIANTS[1:])],
+                         ids=[f"{c[0]}-{c[1]}" + ("-causal" if c[2] else "") for c in VARIANTS])
+def test_ring_with_windows_bias_alibi_and_softcap_equals_numpy_ref_under_jit(case):
+    N, layout, causal, align, Lq, Lk, window, bias_shape, slopes_shape, softcap = case
+    rng = np.random.default_rng(N + Lq + Lk)
+    q = rng.standard_normal((B, H, Lq, DK))
+    k, v = rng.standard_normal((B, HKV, Lk, DK)), rng.standard_normal((B, HKV, Lk, DV))
+    bias = rng.standard_normal(bias_shape)
+    if bias.ndim == 4 and bias.shape[-1] > 1:
+        bias[0, 1, 2] = -np.inf  # a row masked by the bias alone: out 0, lse -inf, gradient 0
+        bias[1, 0, :, 3] = -np.inf
+    slopes = None if slopes_shape is None else np.abs(rng.standard_normal(slopes_shape))
+    kw = dict(causal=causal, window=window, align=align, layout=layout, softcap=softcap, num_shards=N)
+
+    @jax.jit
+    def ring(q, k, v, bias, slopes):
+        return ji.ring_attention(q, k, v, bias=bias, alibi_slopes=slopes, **kw)
+
+    (out, lse), vjp = jax.vjp(ring, q, k, v, bias, slopes)
+    want_out, want_lse = nr.ring_attention(q, k, v, bias=bias, alibi_slopes=slopes, **kw)
+    finite = np.isfinite(want_lse)
+    assert np.array_equal(np.isfinite(np.asarray(lse)), finite)
+    np.testing.assert_allclose(np.asarray(out), want_out, **TOL)
+    np.testing.assert_allclose(np.asarray(lse)[finite], want_lse[finite], **TOL)
+    d_out, d_lse = rng.standard_normal(want_out.shape), rng.standard_normal(want_lse.shape)
+    d_lse = np.where(finite, d_lse, 0.0)
+    got = dict(zip(("q", "k", "v", "bias", "alibi_slopes"), vjp((jnp.asarray(d_out), jnp.asarray(d_lse)))))
+    want = nr.ring_attention_backward((d_out, d_lse), q, k, v, bias=bias, alibi_slopes=slopes, **kw)
+    assert set(want) == {name for name, g in got.items() if g is not None}
+    for name in want:
+        assert not np.isnan(np.asarray(got[name])).any(), name
+        np.testing.assert_allclose(np.asarray(got[name]), want[name], err_msg=name, **TOL)
+    dense = nr.blockwise_attention(q, k, v, None, bias, causal=causal, window=window, align=align, softcap=softcap,
+                                   alibi_slopes=slopes)
+    np.testing.assert_allclose(np.asarray(out), dense[0], **TOL)
+
+
+def test_ring_schedule_with_a_window_is_numpy_ref_s():
+    got = ji.ring_schedule(16, 16, 4, window=(1, 2), layout="zigzag")
+    want = nr.ring_schedule(16, 16, 4, window=(1, 2), layout="zigzag")
+    assert np.array_equal(got.visible, want.visible) and got.skipped == want.skipped
+    assert nr.ring_schedule(16, 16, 4, window=(1, 2)).skipped == 6

@@ -8,6 +8,7 @@ schedule's skips and balance are what the layouts promise.
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -350,3 +351,102 @@ def test_one_shard_is_the_single_device_function():
     out, lse = ring_attention(q, k, v, causal=True, num_shards=1)
     ref = blockwise_attention(q, k, v, causal=True, block_q=6, block_k=6)
     assert np.array_equal(out, ref[0]) and np.array_equal(lse, ref[1])
+
+
+# --------------------------------------------------------------------------
+# windows, bias, ALiBi, soft-capping (SPEC 3.24)
+
+VARIANTS = [  # (num_shards, layout, causal, align, Lq, Lk, window, bias shape, slopes shape, softcap)
+    (4, "contiguous", False, "top_left", 16, 16, (1, 2), None, None, None),
+    (4, "zigzag", True, "top_left", 16, 16, (3, None), (B, H, 16, 16), None, None),
+    (2, "zigzag", False, "bottom_right", 8, 16, (2, 1), (16,), (H,), 2.0),
+    (4, "contiguous", True, "bottom_right", 16, 8, None, (B, 1, 16, 1), (B, H), None),
+    (8, "zigzag", False, "top_left", 16, 16, (None, 1), (H, 1, 16), (H,), 1.5),
+]
+
+
+def _variant(rng, N, layout, causal, align, Lq, Lk, window, bias_shape, slopes_shape, softcap):
+    q, k, v = _inputs(rng, Lq, Lk)
+    bias = None if bias_shape is None else rng.normal(size=bias_shape)
+    if bias is not None and bias.size > 16:
+        bias.reshape(-1)[::7] = -np.inf  # -inf counts as masked (SPEC 3.3)
+    slopes = None if slopes_shape is None else np.abs(rng.normal(size=slopes_shape))
+    kw = dict(causal=causal, window=window, align=align, softcap=softcap)
+    return (q, k, v), {"bias": bias, "alibi_slopes": slopes}, kw
+
+
+@pytest.mark.parametrize("case", VARIANTS, ids=[f"{c[0]}-{c[1]}-{c[6]}-{c[7]}-{c[8]}-{c[9]}" for c in VARIANTS])
+def test_the_ring_with_windows_bias_alibi_and_softcap_equals_blockwise(case):
+    rng = np.random.default_rng(sum(case[:1]) + case[4])
+    N, layout = case[:2]
+    (q, k, v), extra, kw = _variant(rng, *case)
+    mask = _mask("padding", rng, *q.shape[-2:-1], k.shape[-2])
+    out, lse = ring_attention(q, k, v, mask, layout=layout, num_shards=N, **extra, **kw)
+    ref_out, ref_lse = blockwise_attention(q, k, v, mask, extra["bias"], block_q=3, block_k=5,
+                                           alibi_slopes=extra["alibi_slopes"], **kw)
+    _close(out, ref_out)
+    _close(lse, ref_lse)
+    cot = (rng.normal(size=out.shape), rng.normal(size=lse.shape))
+    grads = ring_attention_backward(cot, q, k, v, mask, layout=layout, num_shards=N, **extra, **kw)
+    ref = blockwise_attention_backward(cot, q, k, v, mask, extra["bias"], alibi_slopes=extra["alibi_slopes"], **kw)
+    assert grads.keys() == ref.keys()
+    for name in ref:
+        assert grads[name].shape == ref[name].shape
+        _close(grads[name], ref[name])
+
+
+@pytest.mark.parametrize("case", [VARIANTS[1], VARIANTS[2], VARIANTS[3]],
+                         ids=["causal-window-bias", "alibi-softcap", "bias-rows-alibi-per-batch"])
+def test_ring_backward_with_the_variants_matches_finite_differences(case):
+    rng = np.random.default_rng(7)
+    N, layout, causal, align, Lq, Lk = case[:6]
+    case = (N, layout, causal, align, Lq // 2, Lk // 2, *case[6:])  # half the lengths: fewer coordinates
+    if case[7] is not None:
+        case = (*case[:7], tuple(n // 2 if n in (Lq, Lk) else n for n in case[7]), *case[8:])
+    (q, k, v), extra, kw = _variant(rng, *case)
+    extra = {name: x for name, x in extra.items() if x is not None}
+    kw.update(layout=layout, num_shards=N)
+    names = ["q", "k", "v", *extra]
+    f = _finite_lse(lambda **a: ring_attention(a["q"], a["k"], a["v"], bias=a.get("bias"),
+                                               alibi_slopes=a.get("alibi_slopes"), **kw))
+    f.__name__ = "ring_attention"
+    cots = [rng.normal(size=q.shape[:-1] + (DV,)), rng.normal(size=q.shape[:-1])]
+    back = lambda d, **a: ring_attention_backward(d, a["q"], a["k"], a["v"], bias=a.get("bias"),  # noqa: E731
+                                                  alibi_slopes=a.get("alibi_slopes"), **kw)
+    # a -inf bias entry stays -inf when perturbed: gradient 0 both ways
+    check_backward(f, back, {"q": q, "k": k, "v": v, **extra}, cots, names, sample=24)
+
+
+def test_a_window_skips_the_steps_outside_its_band_and_they_are_never_computed(monkeypatch):
+    full = ring_schedule(16, 16, 4)
+    band = ring_schedule(16, 16, 4, window=(1, 2))
+    assert full.steps == 16 and full.skipped == 0
+    # shards of 4: device r sees key shards r - 1, r, r + 1 only
+    assert band.steps == 10 and band.skipped == 6 and list(band.work()["blocks"]) == [2, 3, 3, 2]
+    assert ring_schedule(16, 16, 4, causal=True, window=(3, None)).steps == 7  # the band within the triangle
+    calls = []
+    original = sharded._block_forward
+
+    def counting(q, *args):
+        calls.append(q.shape[-2])
+        return original(q, *args)
+
+    monkeypatch.setattr(sharded, "_block_forward", counting)
+    rng = np.random.default_rng(0)
+    q, k, v = _inputs(rng, 16, 16)
+    for layout in ("contiguous", "zigzag"):
+        for window in ((1, 2), (3, 0), (0, None)):
+            calls.clear()
+            ring_attention(q, k, v, window=window, layout=layout, num_shards=4)
+            assert len(calls) == ring_schedule(16, 16, 4, window=window, layout=layout).steps
+
+
+def test_bad_variant_arguments_name_the_argument():
+    q = np.ones((2, 2, 4, 3))
+    for kw, name, kind in [({"bias": np.ones((3, 4))}, "bias", ValueError),
+                           ({"alibi_slopes": np.ones(3)}, "alibi_slopes", ValueError),
+                           ({"window": (-1, 0)}, "window[0]", ValueError),
+                           ({"window": 2}, "window", TypeError),
+                           ({"softcap": -1.0}, "softcap", ValueError)]:
+        with pytest.raises(kind, match=rf"^{re.escape(name)}: "):
+            ring_attention(q, q, q, num_shards=2, **kw)

@@ -585,6 +585,16 @@ def _bad_calls():
         ("lses without Lq", lambda: nr.merge_attention(a, a), lambda: ti.merge_attention(t, t)),
         ("no partials", lambda: nr.merge_attention(a[:0], a[:0, ..., 0]),
          lambda: ti.merge_attention(t[:0], t[:0, ..., 0])),
+        ("bias of the wrong shape", lambda: nr.ring_attention(a, a, a, bias=np.ones((3, 6))),
+         lambda: ti.ring_attention(t, t, t, bias=torch.ones(3, 6, dtype=torch.float64))),
+        ("alibi_slopes of the wrong shape", lambda: nr.ring_attention(a, a, a, alibi_slopes=np.ones(3)),
+         lambda: ti.ring_attention(t, t, t, alibi_slopes=torch.ones(3, dtype=torch.float64))),
+        ("a negative window", lambda: nr.ring_attention(a, a, a, window=(-1, 0)),
+         lambda: ti.ring_attention(t, t, t, window=(-1, 0))),
+        ("a window not a pair", lambda: nr.ring_attention(a, a, a, window=3),
+         lambda: ti.ring_attention(t, t, t, window=3)),
+        ("a zero softcap", lambda: nr.ring_attention(a, a, a, softcap=0.0),
+         lambda: ti.ring_attention(t, t, t, softcap=0.0)),
         ("batch_shards not dividing B", lambda: nr.sharded_attention(a, a, a, batch_shards=3),
          lambda: ti.sharded_attention(t, t, t, batch_shards=3)),
         ("head_shards not dividing H", lambda: nr.sharded_attention(a, a, a, head_shards=4),
@@ -606,3 +616,128 @@ def test_ring_mask_is_checked_against_the_global_lengths():
     with pytest.raises(ValueError, match=r"^mask: "):
         ti.ring_attention(t, t, t, torch.ones(2, 2, 4, 5, dtype=torch.bool))
 
+
+
+# --------------------------------------------------------------------------- windows, bias, ALiBi, soft cap
+
+#: ``(name, kw)``: the ring's variants (SPEC 3.24), global bias and slopes on every rank
+VARIANT_CASES = [
+    ("window", dict(window=(1, 2))),
+    ("causal-window-zigzag", dict(causal=True, window=(2, None), layout="zigzag")),
+    ("bias-inf", dict(bias="full", causal=True)),
+    ("bias-broadcast-alibi", dict(bias="keys", alibi="H", layout="zigzag")),
+    ("alibi-per-batch-softcap-window", dict(alibi="BH", softcap=1.5, window=(3, 1), align="bottom_right")),
+]
+
+
+def make_variant_case(name, N, seed=0):
+    """A ring case with the variants of ``VARIANT_CASES[name]``: ``make_case``'s dict
+    plus ``bias`` and ``alibi_slopes`` (global float64, or None)."""
+    rng = np.random.default_rng(seed)
+    B, H, Hkv, Dk, Dv = 2, 4, 2, 3, 2
+    Lq, Lk = 4 * N, 4 * N
+    opts = dict(dict(VARIANT_CASES)[name])
+    bias_kind, alibi = opts.pop("bias", None), opts.pop("alibi", None)
+    if opts.get("align") == "bottom_right":
+        Lq = 2 * N
+    kw = {**dict(causal=False, align="top_left", layout="contiguous"), **opts}
+    n = lambda *shape: rng.standard_normal(shape)  # noqa: E731
+    bias = None
+    if bias_kind == "full":
+        bias = n(B, H, Lq, Lk)
+        bias[0, 1, 2] = -np.inf  # a -inf bias row: fully masked
+        bias[1, 0, :, 1] = -np.inf
+    elif bias_kind == "keys":
+        bias = n(Lk)  # broadcast over batch, heads and queries: its gradient sums them
+    slopes = None if alibi is None else np.abs(n(H) if alibi == "H" else n(B, H))
+    return dict(q=n(B, H, Lq, Dk), k=n(B, Hkv, Lk, Dk), v=n(B, Hkv, Lk, Dv), mask=None,
+                d_out=n(B, H, Lq, Dv), d_lse=n(B, H, Lq), kw=kw, bias=bias, alibi_slopes=slopes)
+
+
+def variant_ring_job(case):
+    """This rank's shards of the forward and of q, k, v's gradients, and the gradients of the
+    global bias and slopes (summed over the group: the same on every rank)."""
+    import torch.distributed as dist
+
+    N, r = dist.get_world_size(), dist.get_rank()
+    kw = dict(case["kw"])
+
+    def mine(x, axis=-2):
+        return ti.shard_sequence(torch.from_numpy(x), N, layout=kw["layout"], axis=axis)[r]
+
+    q, k, v = (mine(case[x]).requires_grad_() for x in "qkv")
+    extra = {name: torch.from_numpy(case[name]).requires_grad_() for name in ("bias", "alibi_slopes")
+             if case[name] is not None}
+    out, lse = ti.ring_attention(q, k, v, **extra, **kw)
+    torch.autograd.backward([out, lse], [mine(case["d_out"]), mine(case["d_lse"], -1)])
+    return {"out": out, "lse": lse, "q": q.grad, "k": k.grad, "v": v.grad,
+            **{name: x.grad for name, x in extra.items()}}
+
+
+def torch_blockwise_job(case):
+    """torch_impl's own blockwise attention on the global arrays (one process), with its gradients."""
+    kw = dict(case["kw"])
+    kw.pop("layout")
+    arrays = {x: torch.from_numpy(case[x]).requires_grad_() for x in ("q", "k", "v", "bias", "alibi_slopes")
+              if case[x] is not None}
+    out, lse = ti.blockwise_attention(arrays["q"], arrays["k"], arrays["v"], bias=arrays.get("bias"),
+                                      alibi_slopes=arrays.get("alibi_slopes"), block_q=3, block_k=5, **kw)
+    lse_cot = np.where(np.isfinite(lse.detach().numpy()), case["d_lse"], 0.0)
+    torch.autograd.backward([out, lse], [torch.from_numpy(case["d_out"]), torch.from_numpy(lse_cot)])
+    return {"out": out.detach().numpy(), "lse": lse.detach().numpy(),
+            **{name: x.grad.numpy() for name, x in arrays.items()}}
+
+
+@pytest.mark.parametrize("world", [2, slow(4)])
+def test_ring_windows_bias_alibi_and_softcap_equal_numpy_ref_and_torch_blockwise(pools, world):
+    for name, _ in VARIANT_CASES:
+        case = make_variant_case(name, world, seed=world)
+        results = pools(world).run(variant_ring_job, (case,))
+        got = _gather(results, case["kw"]["layout"])
+        extras = [x for x in ("bias", "alibi_slopes") if case[x] is not None]
+        for x in extras:  # the global gradient, the same on every rank
+            got[x] = np.asarray(results[0][x], np.float64)
+            assert all(np.array_equal(np.asarray(res[x]), results[0][x]) for res in results)
+        kw = dict(case["kw"])
+        arrays = {x: case[x] for x in extras}
+        cot = (case["d_out"], case["d_lse"])
+        want = nr.ring_attention(case["q"], case["k"], case["v"], num_shards=world, **arrays, **kw)
+        want_g = nr.ring_attention_backward(cot, case["q"], case["k"], case["v"], num_shards=world, **arrays,
+                                            **kw)
+        err = _errors(got, want, want_g)
+        err.update({x: np.abs(got[x] - want_g[x]).max() for x in extras})
+        assert max(err.values()) <= TOL["atol"], (name, "numpy ring", err)
+        dense = torch_blockwise_job(case)  # torch's own blockwise attention
+        err = _errors(got, (dense["out"], dense["lse"]), dense)
+        err.update({x: np.abs(got[x] - dense[x]).max() for x in extras})
+        assert max(err.values()) <= 1e-12, (name, "torch blockwise", err)
+
+
+def test_a_step_outside_the_window_is_never_computed(pools):
+    case = make_variant_case("window", 4)  # window (1, 2) over shards of 4: each rank sees 2 of 4 shards
+    calls = pools(4).run(counting_variant_job, (case,))
+    sched = nr.ring_schedule(16, 16, 4, window=(1, 2))
+    assert [c["forward"] for c in calls] == [c["backward"] for c in calls] == list(sched.work()["blocks"])
+    assert sched.skipped > 0 and sched.steps == sum(c["forward"] for c in calls)
+
+
+def counting_variant_job(case):
+    """How many blocks this rank computed in the forward and in the backward of a variant case."""
+    import torch_impl.sharded as sharded
+
+    calls = {"forward": 0, "backward": 0}
+    originals = sharded._block_forward, sharded._block_backward
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    sharded._block_forward, sharded._block_backward = (counted("forward", originals[0]),
+                                                       counted("backward", originals[1]))
+    try:
+        variant_ring_job(case)
+    finally:
+        sharded._block_forward, sharded._block_backward = originals
+    return calls

@@ -83,6 +83,18 @@ class AttentionRules:
         if not (value > 0 and math.isfinite(value)):
             raise ValueError(f"softcap: expected None or a positive finite number, got {softcap}")
 
+    def alibi(self, alibi_slopes, H, ref, ref_name) -> None:
+        """``alibi_slopes`` of multi-head attention and the cache: None or a
+        float array ``(H,)`` of ``ref``'s dtype and device (SPEC 3.23)."""
+        if alibi_slopes is None:
+            return
+        self.array(alibi_slopes, "alibi_slopes")
+        self.same_float_dtype({ref_name: ref, "alibi_slopes": alibi_slopes})
+        if tuple(int(n) for n in alibi_slopes.shape) != (int(H),):
+            raise ValueError(f"alibi_slopes: expected shape (H,) with H={int(H)} (one slope per query head), "
+                             f"got {shape_str(alibi_slopes.shape)}")
+        self.same_device(alibi_slopes, "alibi_slopes", ref, ref_name)
+
     def _extras(self, mask, bias, dropout_p, dropout_mask, target, letters, ref, ref_name) -> None:
         """mask, bias and the attention dropout of sdpa and mha."""
         self._mask(mask, "mask", ref, ref_name, target, letters)
@@ -116,10 +128,10 @@ class AttentionRules:
         return mask
 
     def mha(self, query, key, value, params, num_heads, mask, bias, dropout_p, dropout_mask,
-            num_kv_heads=None, rope=None, rope_base=10000.0, softcap=None) -> int:
+            num_kv_heads=None, rope=None, rope_base=10000.0, softcap=None, alibi_slopes=None) -> int:
         """``multi_head_attention``: ``(B, L, D)`` inputs, eight ``(D, D)``/``(D,)``
         params (``w_k``, ``w_v`` ``(D, Hkv·Dh)`` with ``num_kv_heads``), a rotary
-        embedding (an even ``Dh``), a soft cap. Returns ``Hkv``."""
+        embedding (an even ``Dh``), a soft cap, ALiBi slopes ``(H,)``. Returns ``Hkv``."""
         self.leaves(params, "params", _MHA)
         self.arrays({"query": query, "key": key, "value": value},
                     {"mask": mask, "bias": bias, "dropout_mask": dropout_mask})
@@ -134,6 +146,7 @@ class AttentionRules:
         self.shape(value, "value", ("B", "Lk", "D"), {"B": B, "Lk": key.shape[1], "D": D})
         self.rope(rope, rope_base, D // H)
         self.softcap(softcap)
+        self.alibi(alibi_slopes, H, query, "query")
         target = (B, H, Lq, key.shape[1])
         self._extras(mask, bias, dropout_p, dropout_mask, target, ("B", "H", "Lq", "Lk"), query, "query")
         for name, x in (("key", key), ("value", value), *named.items()):

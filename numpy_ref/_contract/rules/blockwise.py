@@ -27,22 +27,27 @@ class BlockwiseRules:
         Returns ``(block_q, block_k, window, G)``: Python ints, a ``(left, right)``
         pair (or None), and the group size ``G = H / Hkv`` of :meth:`sdpa`."""
         G = self.sdpa(q, k, v, mask, bias, scale, 0.0, None, softcap)
-        if alibi_slopes is not None:
-            self.array(alibi_slopes, "alibi_slopes")
-            self.same_float_dtype({"q": q, "alibi_slopes": alibi_slopes})
-            if q.ndim != 4:
-                raise ValueError(f"alibi_slopes: expected q of shape (B, H, Lq, Dk) (slopes are per head), "
-                                 f"got q of shape {shape_str(q.shape)}")
-            B, H = (int(n) for n in q.shape[:2])
-            if tuple(int(n) for n in alibi_slopes.shape) not in ((H,), (B, H)):
-                raise ValueError(f"alibi_slopes: expected shape (H,) or (B, H) with B={B}, H={H}, "
-                                 f"got {shape_str(alibi_slopes.shape)}")
-            self.same_device(alibi_slopes, "alibi_slopes", q, "q")
+        self.alibi_slopes_of(alibi_slopes, q)
         block_q, block_k = self.count(block_q, "block_q", 1), self.count(block_k, "block_k", 1)
         self.flag(causal, "causal")
         window = self.window(window)
         self.choice(align, "align", ALIGNS)
         return block_q, block_k, window, G
+
+    def alibi_slopes_of(self, alibi_slopes, q) -> None:
+        """None, or ALiBi slopes ``(H,)`` or ``(B, H)`` of q's float dtype (rank-4 q only)."""
+        if alibi_slopes is None:
+            return
+        self.array(alibi_slopes, "alibi_slopes")
+        self.same_float_dtype({"q": q, "alibi_slopes": alibi_slopes})
+        if q.ndim != 4:
+            raise ValueError(f"alibi_slopes: expected q of shape (B, H, Lq, Dk) (slopes are per head), "
+                             f"got q of shape {shape_str(q.shape)}")
+        B, H = (int(n) for n in q.shape[:2])
+        if tuple(int(n) for n in alibi_slopes.shape) not in ((H,), (B, H)):
+            raise ValueError(f"alibi_slopes: expected shape (H,) or (B, H) with B={B}, H={H}, "
+                             f"got {shape_str(alibi_slopes.shape)}")
+        self.same_device(alibi_slopes, "alibi_slopes", q, "q")
 
     def block_schedule(self, Lq, Lk, block_q, block_k, causal, window, align):
         """``block_schedule``: two lengths, positive block sizes, a causal flag, a window,

@@ -100,22 +100,25 @@ class DecoderRules:
         return B, H, self.count(capacity, "capacity"), D
 
     def self_attention_step(self, x, params, num_heads, cache, num_kv_heads=None, rope=None,
-                            rope_base=10000.0, softcap=None) -> int:
+                            rope_base=10000.0, softcap=None, alibi_slopes=None) -> int:
         """``self_attention_step``: ``x (B, T, D)``, the eight mha params (grouped
         or not), a rotary embedding, a cache of ``(B, Hkv, C, Dh)`` with room
         for T more tokens. Returns ``Hkv``."""
-        B, T, D, H, Hkv = self._self_attention(x, params, num_heads, num_kv_heads, rope, rope_base, softcap)
+        B, T, D, H, Hkv = self._self_attention(x, params, num_heads, num_kv_heads, rope, rope_base, softcap,
+                                               alibi_slopes)
         self._attention_cache(cache, "cache", x, B, Hkv, D // H, T, heads="Hkv" if Hkv != H else "H")
         return Hkv
 
     def self_attention_incremental(self, x, params, num_heads, chunks, num_kv_heads=None, rope=None,
-                                   rope_base=10000.0, softcap=None) -> tuple:
+                                   rope_base=10000.0, softcap=None, alibi_slopes=None) -> tuple:
         """``self_attention_incremental``: :meth:`self_attention_step`'s ``x``,
         params and options, ``chunks`` summing to ``L``. Returns ``(chunks, Hkv)``."""
-        *_, Hkv = self._self_attention(x, params, num_heads, num_kv_heads, rope, rope_base, softcap)
+        *_, Hkv = self._self_attention(x, params, num_heads, num_kv_heads, rope, rope_base, softcap,
+                                       alibi_slopes)
         return self.chunks(chunks, int(x.shape[1])), Hkv
 
-    def _self_attention(self, x, params, num_heads, num_kv_heads, rope, rope_base, softcap=None) -> tuple:
+    def _self_attention(self, x, params, num_heads, num_kv_heads, rope, rope_base, softcap=None,
+                        alibi_slopes=None) -> tuple:
         self.leaves(params, "params", _MHA)
         self.array(x, "x")
         self.float_(x, "x")
@@ -129,6 +132,7 @@ class DecoderRules:
             self.same_device(y, name, x, "x")
         self.rope(rope, rope_base, D // H)
         self.softcap(softcap)
+        self.alibi(alibi_slopes, H, x, "x")
         return B, T, D, H, Hkv
 
     def chunks(self, chunks, L) -> tuple:

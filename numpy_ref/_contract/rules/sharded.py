@@ -53,35 +53,48 @@ class ShardedRules:
                              f"got {L}")
         return L, N
 
-    def ring_schedule(self, Lq, Lk, num_shards, causal, align, layout):
+    def ring_schedule(self, Lq, Lk, num_shards, causal, align, layout, window=None):
         """``ring_schedule``: two lengths each divisible into the shards, a causal
-        flag, an alignment, a layout. Returns them as Python values."""
+        flag, a window, an alignment, a layout. Returns them as Python values in
+        ``ring.ring_schedule``'s order (the window a tuple or None, last)."""
         self._shard_length(Lq, "Lq", num_shards, layout)
         self._shard_length(Lk, "Lk", num_shards, layout)
         self.flag(causal, "causal")
+        window = self.window(window)
         self.choice(align, "align", ALIGNS)
-        return int(Lq), int(Lk), int(num_shards), causal, align, layout
+        return int(Lq), int(Lk), int(num_shards), causal, align, layout, window
 
-    def ring_attention(self, q, k, v, mask, scale, causal, align, layout, num_shards) -> tuple:
+    def ring_attention(self, q, k, v, mask, scale, causal, align, layout, num_shards, bias=None,
+                       window=None, softcap=None, alibi_slopes=None) -> tuple:
         """``ring_attention`` (the global view: numpy_ref, jax_impl): sdpa's arrays
-        (no bias, no dropout; grouped k/v heads allowed), a causal flag, an
-        alignment, a layout, ``num_shards >= 1`` dividing ``Lq`` and ``Lk``
-        (twice over for zigzag). Returns the group size and the shard count as
-        Python ints, ``(G, N)``."""
-        G = self.sdpa(q, k, v, mask, None, scale, 0.0, None)
+        (a bias and a soft cap, no dropout; grouped k/v heads allowed), ALiBi
+        slopes ``(H,)`` or ``(B, H)``, a causal flag, a window, an alignment, a
+        layout, ``num_shards >= 1`` dividing ``Lq`` and ``Lk`` (twice over for
+        zigzag). Returns the group size, the shard count as Python ints and the
+        window, ``(G, N, window)``."""
+        G = self.sdpa(q, k, v, mask, bias, scale, 0.0, None, softcap)
+        self.alibi_slopes_of(alibi_slopes, q)
         N, _ = self._ring_lengths(q, k, causal, align, layout, num_shards, local=False)
-        return G, N
+        return G, N, self.window(window)
 
-    def ring_shard(self, q, k, v, mask, scale, causal, align, layout, num_shards) -> int:
+    def ring_shard(self, q, k, v, mask, scale, causal, align, layout, num_shards, bias=None,
+                   window=None, softcap=None, alibi_slopes=None) -> tuple:
         """``ring_attention`` on one rank (torch_impl: the local view): this rank's
         shards ``q (*batch, Lq / N, Dk)``, ``k``/``v`` ``(*batch_kv, Lk / N, D)``
-        (even for zigzag), ``mask`` broadcastable to the *global*
-        ``(*batch, Lq, Lk)``. Returns the group size ``G``."""
-        G = self.sdpa(q, k, v, None, None, scale, 0.0, None)
+        (even for zigzag), ``mask`` and ``bias`` broadcastable to the *global*
+        ``(*batch, Lq, Lk)``, the rest as :meth:`ring_attention`. Returns
+        ``(G, window)``."""
+        self.arrays({"q": q, "k": k, "v": v}, {"mask": mask, "bias": bias})  # as sdpa's, bias included
+        self.same_float_dtype({"q": q, "k": k, "v": v, "bias": bias})
+        G = self.sdpa(q, k, v, None, None, scale, 0.0, None, softcap)
+        self.alibi_slopes_of(alibi_slopes, q)
         N, batch = self._ring_lengths(q, k, causal, align, layout, num_shards, local=True)
         target = (*q.shape[:-2], int(q.shape[-2]) * N, int(k.shape[-2]) * N)
         self._mask(mask, "mask", q, "q", target, (*batch, "Lq", "Lk"))
-        return G
+        if bias is not None:
+            self.broadcastable(bias, "bias", target, (*batch, "Lq", "Lk"))
+            self.same_device(bias, "bias", q, "q")
+        return G, self.window(window)
 
     def _ring_lengths(self, q, k, causal, align, layout, num_shards, local) -> tuple:
         """The ring's flags, and q's and k's sequence lengths split into the shards
