@@ -86,6 +86,7 @@ FUNCTIONS = {f.name: f for f in (
     Function("merge_attention", "sharded", "sharded", _OUT_LSE, float32_outputs=("lse",)),
     Function("ring_attention", "sharded", "sharded", _OUT_LSE, device_counts=("num_shards",), float32_outputs=("lse",)),
     Function("sharded_attention", "sharded", "sharded", device_counts=("batch_shards", "head_shards")),
+    Function("ulysses_attention", "ulysses", "sharded", device_counts=("num_shards",)),
     Function("rotary_embedding", "variants", "rope"),
     Function("alibi_slopes", "variants", "alibi"),
     Function("alibi_bias", "variants", "alibi"),

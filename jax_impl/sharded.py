@@ -1,8 +1,8 @@
 """Sharded attention on a JAX device mesh: the merge of partial results, the
 ring (``shard_map`` + ``ppermute``), and head/batch sharding (``NamedSharding``).
 The mirror of ``numpy_ref/sharded.py`` (the specification: the algorithm, the
-names, the docstrings; docs/SPEC.md 3.24); gradients come from ``jax.vjp``,
-so there is no ``*_backward`` function.
+names, the docstrings; docs/SPEC.md 3.24); gradients come from ``jax.vjp``
+(the ring's: a reverse ring, its ``custom_vjp``), so there is no ``*_backward`` function.
 
 Shape legend: ``B`` batch, ``H`` heads (``Hkv`` key/value heads), ``Lq``/``Lk``
 query/key lengths, ``Dk``/``Dv`` widths, ``N`` the shards (devices of the
@@ -35,7 +35,7 @@ from numpy_ref._contract import blocks as _blocks
 from numpy_ref._contract import ring as _ring
 
 from ._checks import rules
-from ._ops import HALF_DTYPES, attention_scale, repeat_kv, upcast
+from ._ops import HALF_DTYPES, _tanh, attention_scale, repeat_kv, upcast
 from .attention import scaled_dot_product_attention
 from .blockwise import _attend_blocks
 
@@ -214,22 +214,30 @@ def ring_attention(q, k, v, mask=None, scale=None, *, bias=None, causal=False, w
     (one step in the HLO, whatever ``N``). A step computes its
     ``(nq, nk)`` scores in blocks of at most 128 x 128.
 
-    Backward: JAX autodiff through the ring, not a hand-written reverse ring.
-    The transpose of ``ppermute`` is the reverse ``ppermute``, so the
-    cotangents of ``k_j``, ``v_j`` travel backwards around the ring and arrive
-    home summed: this *is* the reverse ring of numpy_ref's
-    ``ring_attention_backward`` (dk/dv accumulators travelling with the
-    shard), derived rather than written again; the per-step block backward is
-    blockwise attention's (autodiff, NaN-free on masked rows), the merge's
-    is the softmax over parts. It keeps what blockwise gives for free:
-    ``vmap``, higher derivatives, an ``lse`` cotangent, no NaN in fully
-    masked rows. Each step's block is ``jax.checkpoint``-ed (the ppermute is
-    not, so nothing is sent twice): no scores are stored, but the scan keeps
-    its carries: the ``N`` key/value shards a device held (``O(Lk (Dk + Dv))``,
-    the whole key/value sequence) and its ``N`` running ``(out, lse)``
-    (``O(Lq Dv)``) per device, not ``O(shard)``. A ``custom_vjp`` reverse
-    ring (torch_impl's) would keep
-    ``O(shard)`` at the price of a second implementation to certify.
+    Backward: a reverse ring, a ``jax.custom_vjp`` around the ``shard_map``
+    (numpy_ref's ``_Ring.backward``; torch_impl's ``autograd.Function``). The
+    forward saves only the inputs and the merged ``(out, lse)`` (``out``
+    unrounded), one shard each per device. The backward is a second
+    ``shard_map``: each step runs FlashAttention-2's backward of the held
+    block in tiles of at most 128 x 128 from the merged ``lse`` (``P =
+    exp(s - lse)``, ``D = rowsum(dO ∘ out) - d_lse``), adds ``dq`` locally
+    and ``dk``, ``dv`` (summed over each query group) into accumulators in
+    the compute dtype that ``ppermute`` with the key/value shard: ``N - 1``
+    sends of the shard, ``N`` of the accumulators, which brings each home.
+    A bias's gradient is its rows per device (summed over devices when the
+    bias has one row), the slopes' a ``psum``. Per-device memory is
+    ``O(shard)``: nothing of a step outlives it. It supports ``jax.grad``,
+    ``jax.vjp``, ``vmap``, ``jit``, an ``lse`` cotangent, and higher
+    derivatives by reverse mode (``grad`` of ``grad``, ``jax.hessian`` =
+    ``jacfwd(jacrev)``: the backward is plain JAX, itself differentiable),
+    but not *forward* mode of the first derivative (``jax.jvp``,
+    ``jax.jacfwd``, ``jax.linearize``: JAX refuses a ``custom_vjp`` there).
+    For those, ``ring_attention.autodiff`` (the same arguments) is the
+    forward ring differentiated by JAX autodiff: the transpose of each
+    ``ppermute`` is the reverse one, each step's block is
+    ``jax.checkpoint``-ed, but the scan keeps its carries, the ``N``
+    key/value shards and running ``(out, lse)`` a device held: ``O(L)`` per
+    device.
 
     Args:
       q: ``(*batch, Lq, Dk)``, ``*batch`` is ``(B,)`` or ``(B, H)``.
@@ -263,13 +271,31 @@ def ring_attention(q, k, v, mask=None, scale=None, *, bias=None, causal=False, w
       inputs. Global arrays, sharded over the ring's axis in contiguous blocks
       of the sequence.
     """
-    G, N, window = rules.ring_attention(q, k, v, mask, scale, causal, align, layout,
-                                        _ring_size(num_shards, mesh, axis_name), bias, window, softcap,
-                                        alibi_slopes)  # SPEC 3.24
-    mesh, axis_name = _ring_mesh(N, mesh, axis_name)
-    run = _ring_program(mesh, axis_name, None if scale is None else float(scale), bool(causal), align,
-                        layout, G, mask is not None, window, None if softcap is None else float(softcap))
-    return run(q, k, v, mask, bias, alibi_slopes)
+    return _ring_call(locals(), False)
+
+
+def _ring_attention_autodiff(q, k, v, mask=None, scale=None, *, bias=None, causal=False, window=None,
+                             align="top_left", layout="contiguous", num_shards=None, softcap=None, alibi_slopes=None,
+                             mesh=None, axis_name=None):
+    """``ring_attention.autodiff``: :func:`ring_attention`, the same forward, differentiated by
+    JAX autodiff through the ring instead of the reverse ring's ``custom_vjp``: for forward
+    mode (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``); ``O(L)`` memory per device in reverse mode."""
+    return _ring_call(locals(), True)
+
+
+ring_attention.autodiff = _ring_attention_autodiff
+
+
+def _ring_call(a, autodiff):
+    """The ring of the arguments ``a`` (a dict): the custom_vjp's or, with ``autodiff``, the forward alone."""
+    q, k, v, mask, scale, softcap = a["q"], a["k"], a["v"], a["mask"], a["scale"], a["softcap"]
+    G, N, window = rules.ring_attention(q, k, v, mask, scale, a["causal"], a["align"], a["layout"],
+                                        _ring_size(a["num_shards"], a["mesh"], a["axis_name"]), a["bias"],
+                                        a["window"], softcap, a["alibi_slopes"])  # SPEC 3.24
+    mesh, axis_name = _ring_mesh(N, a["mesh"], a["axis_name"])
+    run = _ring_program(mesh, axis_name, None if scale is None else float(scale), bool(a["causal"]), a["align"],
+                        a["layout"], G, mask is not None, window, None if softcap is None else float(softcap), autodiff)
+    return run(q, k, v, mask, a["bias"], a["alibi_slopes"])
 
 
 def _ring_size(num_shards, mesh, axis_name):
@@ -314,9 +340,10 @@ def _mesh_of(devices, shape, names):
 
 
 @functools.lru_cache(maxsize=None)
-def _ring_program(mesh, axis, scale, causal, align, layout, G, has_mask, window=None, softcap=None):
+def _ring_program(mesh, axis, scale, causal, align, layout, G, has_mask, window=None, softcap=None, autodiff=False):
     """The jitted ring for one static configuration (retraced per shape/dtype
-    only; inside an outer ``jit`` it is inlined)."""
+    only; inside an outer ``jit`` it is inlined): the reverse ring's
+    ``custom_vjp``, or with ``autodiff`` the forward alone."""
     N = mesh.shape[axis]
 
     @jax.jit
@@ -348,11 +375,20 @@ def _ring_program(mesh, axis, scale, causal, align, layout, G, has_mask, window=
             slopes = slopes.reshape((1,) * (2 - slopes.ndim) + slopes.shape)  # (B|1, H), replicated
             specs.append(P(None, None))
             args.append(slopes)
-        body = functools.partial(_ring_body, sched=sched, axis=axis, scale=scale, G=G, has_mask=mask is not None,
-                                 has_bias=bias is not None, has_slopes=slopes is not None, softcap=softcap)
-        out, lse = jax.shard_map(body, mesh=mesh, in_specs=tuple(specs),
-                                 out_specs=(P(*seq, axis, None), P(*seq, axis)),
-                                 check_vma=False)(*args)
+        statics = dict(sched=sched, axis=axis, scale=scale, G=G, has_mask=mask is not None,
+                       has_bias=bias is not None, has_slopes=slopes is not None, softcap=softcap)
+        rows, lse_rows = P(*seq, axis, None), P(*seq, axis)
+        forward = jax.shard_map(functools.partial(_ring_body, **statics), mesh=mesh, in_specs=tuple(specs),
+                                out_specs=(rows, lse_rows), check_vma=False)
+        if autodiff:
+            out, lse = forward(*args)
+        else:
+            grad_specs = [rows, rows, rows] + [specs[-2 if slopes is not None else -1]] * (bias is not None)
+            backward = jax.shard_map(functools.partial(_ring_backward_body, **statics), mesh=mesh,
+                                     in_specs=(*specs, rows, lse_rows, rows, lse_rows),
+                                     out_specs=tuple(grad_specs + [P(None, None)] * (slopes is not None)),
+                                     check_vma=False)
+            out, lse = _reverse_ring(forward, backward, has_mask=mask is not None)(*args)
         return out.astype(dtype), lse.astype(lse_dtype)  # out rounded once
 
     return run
@@ -437,22 +473,9 @@ def _ring_body(q, k, v, *extras, sched, axis, scale, G, has_mask, has_bias, has_
         j = (r - s) % N  # the key/value shard held at step s
 
         def compute(carry):
-            allowed = None
-            p = q_pos[:, None] + sched.offset  # (nq, 1) from global positions: zigzag shards are not contiguous
-            if sched.left is not None:
-                allowed = k_table[j][None, :] >= p - sched.left  # (nq, nk)
-            if sched.right is not None:
-                right = k_table[j][None, :] <= p + sched.right
-                allowed = right if allowed is None else allowed & right
-            if mask is not None:
-                m = mask if mask.shape[-1] == 1 else _key_columns(mask, j, nk, N, layout)  # (*bb, nq|1, nk)
-                allowed = m if allowed is None else allowed & m  # (*bb, nq|1, nk|1)
-            b = None
-            if bias is not None:
-                b = upcast(bias if bias.shape[-1] == 1 else _key_columns(bias, j, nk, N, layout))  # (*bb, nq|1, nk|1)
+            allowed, b, dist = _step_terms(sched, j, q_pos, k_table, mask, bias, slopes is not None, nk)
             if slopes is not None:  # ALiBi from global positions
-                dist = jnp.abs(p - k_table[j][None, :]).astype(qf.dtype)  # (nq, nk)
-                alibi = -upcast(slopes)[..., None, None] * dist  # (B|1, H, nq, nk)
+                alibi = -upcast(slopes)[..., None, None] * dist.astype(qf.dtype)  # (B|1, H, nq, nk)
                 b = alibi if b is None else b + alibi
             kf, vf = repeat_kv(upcast(k_j), G), repeat_kv(upcast(v_j), G)  # Hkv -> H heads
             part = _attend_blocks(qf, kf, vf, allowed, b, block, softcap)  # (*batch, nq, Dv), (*batch, nq)
@@ -474,6 +497,213 @@ def _ring_body(q, k, v, *extras, sched, axis, scale, G, has_mask, has_bias, has_
         (carry, _, _), _ = lax.scan(step, (carry, k, v), jnp.arange(1, N))
     out, lse = carry
     return _from_layout(out, -2, r, N, layout, axis), _from_layout(lse, -1, r, N, layout, axis)
+
+
+def _step_terms(sched, j, q_pos, k_table, mask, bias, alibi, nk):
+    """Key shard ``j`` (traced) seen from the queries at global positions ``q_pos``: the
+    window's band and the mask block ``(*bb, nq|1, nk|1)`` (None: all allowed), the bias
+    block (upcast) or None, and ALiBi's ``|p_i - j|`` ``(nq, nk)`` (if ``alibi``) or None."""
+    p, kp = q_pos[:, None] + sched.offset, k_table[j][None, :]  # global positions: zigzag shards are not contiguous
+    allowed = None
+    if sched.left is not None:
+        allowed = kp >= p - sched.left  # (nq, nk)
+    if sched.right is not None:
+        allowed = kp <= p + sched.right if allowed is None else allowed & (kp <= p + sched.right)
+    N, layout = sched.num_shards, sched.layout
+    if mask is not None:
+        m = mask if mask.shape[-1] == 1 else _key_columns(mask, j, nk, N, layout)  # (*bb, nq|1, nk|1)
+        allowed = m if allowed is None else allowed & m
+    b = None if bias is None else upcast(bias if bias.shape[-1] == 1 else _key_columns(bias, j, nk, N, layout))
+    return allowed, b, jnp.abs(p - kp) if alibi else None
+
+
+def _reverse_ring(forward, backward, has_mask):
+    """The ring as a ``custom_vjp``: ``forward(*args) -> (out, lse)`` (compute dtype) and
+    ``backward(*args, out, lse, d_out, d_lse) -> (dq, dk, dv[, d_bias][, d_slopes])``."""
+
+    @jax.custom_vjp
+    def ring(*args):
+        return forward(*args)
+
+    def fwd(*args):
+        out, lse = forward(*args)
+        return (out, lse), (args, out, lse)
+
+    def bwd(saved, cts):
+        args, out, lse = saved
+        grads = list(backward(*args, out, lse, cts[0].astype(out.dtype), cts[1].astype(lse.dtype)))
+        grads = [g.astype(x.dtype) for g, x in zip(grads, args[:3])] + [
+            g.astype(x.dtype) for g, x in zip(grads[3:], args[3 + has_mask:])]
+        return (*grads[:3], *[None] * has_mask, *grads[3:])
+
+    ring.defvjp(fwd, bwd)
+    return ring
+
+
+def _ring_backward_body(q, k, v, *rest, sched, axis, scale, G, has_mask, has_bias, has_slopes, softcap):
+    """One device of the reverse ring (numpy_ref's ``_Ring.backward``), inside ``shard_map``:
+    the arguments of :func:`_ring_body`, then its ``(out, lse)`` and their cotangents (blocks
+    of the sequence). Returns its blocks of ``dq``, ``dk``, ``dv`` (compute dtype), then the
+    bias's rows (all of it, summed over devices, for a bias with one row) and the slopes'
+    gradient ``(B|1, H)`` summed over devices, those given."""
+    N, nk, layout = sched.num_shards, k.shape[-2], sched.layout
+    rest = list(rest)
+    mask = rest.pop(0) if has_mask else None
+    bias = rest.pop(0) if has_bias else None
+    slopes = rest.pop(0) if has_slopes else None
+    r = lax.axis_index(axis)
+    lay = lambda x, ax=-2: _to_layout(x, ax, r, N, layout, axis)  # noqa: E731
+    unlay = lambda x, ax=-2: _from_layout(x, ax, r, N, layout, axis)  # noqa: E731
+    q, k, v, out, d_out = (lay(x) for x in (q, k, v, *rest[::2]))
+    lse, d_lse = lay(rest[1], -1), lay(rest[3], -1)
+    mask = mask if mask is None or mask.shape[-2] == 1 else lay(mask)  # rows: this device's queries
+    bias = bias if bias is None or bias.shape[-2] == 1 else lay(bias)
+    sc = attention_scale(q, scale)
+    qf, dO = upcast(q) * sc, upcast(d_out)
+    D = jnp.sum(dO * upcast(out), axis=-1) - upcast(d_lse)  # (*batch, nq): the softmax's row term
+    lse = jnp.where(lse == -jnp.inf, 0.0, lse)  # a row with no key: P = 0 by selection
+    slopes4 = None if slopes is None else upcast(slopes)[..., None, None]  # (B|1, H, 1, 1)
+    q_pos, k_table = jnp.asarray(sched.q_positions)[r], jnp.asarray(sched.k_positions)
+    computed = jnp.asarray(sched.computed)
+    perm = [(i, (i + 1) % N) for i in range(N)]
+
+    def visit(state, s):
+        def compute(state):
+            k_j, v_j, dk, dv, dq, db, dsl = state
+            j = (r - s) % N  # the shard held at step s, with its accumulators
+            allowed, b, dist = _step_terms(sched, j, q_pos, k_table, mask, bias, slopes is not None, nk)
+            g = _step_backward(qf, repeat_kv(upcast(k_j), G), repeat_kv(upcast(v_j), G), dO, D, lse, allowed, b,
+                               dist, slopes4, softcap)
+            if db is not None:
+                db = db + g[3] if db.shape[-1] == 1 else _add_key_columns(db, g[3], j, nk, N, layout)
+            return (k_j, v_j, dk + _group_sum(g[1], G), dv + _group_sum(g[2], G), dq + g[0], db,
+                    None if dsl is None else dsl + _sum_to(g[4], dsl.shape))
+
+        return lax.cond(computed[r, s], compute, lambda st: st, state)
+
+    zeros = lambda x: jnp.zeros(x.shape, qf.dtype)  # noqa: E731
+    state = (k, v, zeros(k), zeros(v), zeros(qf), None if bias is None else zeros(bias),
+             None if slopes is None else zeros(slopes4[..., 0, 0]))
+    if N > 1:
+        def step(state, s):  # the shard and its accumulators move on together
+            state = visit(state, s)
+            return (*(lax.ppermute(x, axis, perm) for x in state[:4]), *state[4:]), None
+
+        state, _ = lax.scan(step, state, jnp.arange(N - 1))
+    _, _, dk, dv, dq, db, dsl = visit(state, N - 1)
+    if N > 1:  # the N-th pass of the accumulators brings them home
+        dk, dv = lax.ppermute(dk, axis, perm), lax.ppermute(dv, axis, perm)
+    grads = [unlay(dq * sc), unlay(dk), unlay(dv)]
+    if db is not None:
+        grads.append(lax.psum(db, axis) if db.shape[-2] == 1 else unlay(db))
+    if dsl is not None:
+        grads.append(lax.psum(dsl, axis).reshape(slopes.shape))
+    return tuple(grads)
+
+
+def _step_backward(qf, kf, vf, dO, D, lse, allowed, bias, dist, slopes, softcap):
+    """FlashAttention-2's backward of one ring step from the merged ``lse``, a ``lax.scan``
+    over tiles of at most 128 x 128: ``qf (*batch, nq, Dk)`` scaled, ``kf``, ``vf``
+    ``(*batch, nk, ·)`` (H heads), ``dO``; ``D``, ``lse`` ``(*batch, nq)`` (``lse`` 0 on
+    empty rows); ``allowed``, ``bias``, ``dist`` as :func:`_step_terms` gives them, ``slopes``
+    ``(B|1, H, 1, 1)``. Returns ``(dq / scale, dk, dv, d_bias (bias's shape), d_slopes
+    (*batch))``, the last two None when not given; the compute dtype."""
+    nq, nk = qf.shape[-2], kf.shape[-2]
+    bq, bk = min(nq, _STEP_BLOCK), min(nk, _STEP_BLOCK)
+    nqb, nkb = -(-nq // bq), -(-nk // bk)
+    padq = lambda x, ax=-2: _pad(x, ax, nqb * bq)  # noqa: E731
+    qp, dOp, Dp, lsep = padq(qf), padq(dO), padq(D, -1), padq(lse, -1)
+    kp, vp = _pad(kf, -2, nkb * bk), _pad(vf, -2, nkb * bk)
+    grid = lambda x: None if x is None else _pad(padq(x), -1, nkb * bk)  # noqa: E731
+    allowed, bias, dist = grid(allowed), grid(bias), grid(dist)
+
+    def tile(carry, t):
+        dq, dk, dv, db, dsl = carry
+        q0, k0 = (t // nkb) * bq, (t % nkb) * bk
+        q_t, dO_t = lax.dynamic_slice_in_dim(qp, q0, bq, -2), lax.dynamic_slice_in_dim(dOp, q0, bq, -2)
+        D_t, l_t = lax.dynamic_slice_in_dim(Dp, q0, bq, -1), lax.dynamic_slice_in_dim(lsep, q0, bq, -1)
+        k_t, v_t = lax.dynamic_slice_in_dim(kp, k0, bk, -2), lax.dynamic_slice_in_dim(vp, k0, bk, -2)
+        ok = ((q0 + lax.broadcasted_iota(jnp.int32, (bq, bk), 0) < nq)
+              & (k0 + lax.broadcasted_iota(jnp.int32, (bq, bk), 1) < nk))  # not padding
+        if allowed is not None:
+            ok = ok & _tile(allowed, q0, bq, k0, bk)
+        b = None
+        if dist is not None:
+            d_t = _tile(dist, q0, bq, k0, bk).astype(qf.dtype)
+            b = -slopes * d_t  # as the forward: the bias plus ALiBi
+        if bias is not None:
+            b_t = _tile(bias, q0, bq, k0, bk)
+            ok = ok & (b_t != -jnp.inf)  # a -inf bias is a mask
+            b = b_t if b is None else b_t + b
+        read = jnp.swapaxes(jnp.any(ok, axis=-2, keepdims=True), -1, -2)  # SPEC 3.4a
+        k_t, v_t = jnp.where(read, k_t, 0.0), jnp.where(read, v_t, 0.0)
+        s = q_t @ jnp.swapaxes(k_t, -1, -2)  # (*batch, bq, bk)
+        th = None if softcap is None else _tanh(s / softcap)
+        s = s if softcap is None else softcap * th
+        s = s if b is None else s + b
+        valid = ok & (s != -jnp.inf)
+        p = jnp.where(valid, jnp.exp(jnp.where(valid, s, 0.0) - l_t[..., None]), 0.0)  # P, the merged lse
+        dS = jnp.where(valid, p * (dO_t @ jnp.swapaxes(v_t, -1, -2) - D_t[..., None]), 0.0)
+        dv = _add_at(dv, jnp.swapaxes(p, -1, -2) @ dO_t, (k0,))
+        if db is not None:
+            db = _add_at(db, _sum_to(dS, b_t.shape), (q0 if db.shape[-2] > 1 else 0, k0 if db.shape[-1] > 1 else 0))
+        if dsl is not None:
+            dsl = dsl - jnp.sum(dS * d_t, axis=(-2, -1))
+        if th is not None:
+            dS = dS * (1.0 - th * th)  # through the cap
+        return (_add_at(dq, dS @ k_t, (q0,)), _add_at(dk, jnp.swapaxes(dS, -1, -2) @ q_t, (k0,)),
+                dv, db, dsl), None
+
+    zeros = lambda x: jnp.zeros(x.shape, qf.dtype)  # noqa: E731
+    carry = (zeros(qp), zeros(kp), zeros(vp), None if bias is None else zeros(bias),
+             None if dist is None else jnp.zeros(qf.shape[:-2], qf.dtype))
+    (dq, dk, dv, db, dsl), _ = lax.scan(tile, carry, jnp.arange(nqb * nkb))
+    if db is not None:
+        db = db[..., : nq if db.shape[-2] > 1 else 1, : nk if db.shape[-1] > 1 else 1]
+    return dq[..., :nq, :], dk[..., :nk, :], dv[..., :nk, :], db, dsl
+
+
+def _pad(x, axis, size):
+    """``x`` zero/False-padded along ``axis`` to ``size`` (an axis of size 1 stays: it broadcasts)."""
+    n = x.shape[axis]
+    if n == 1 or n == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - n)
+    return jnp.pad(x, widths)
+
+
+def _tile(x, q0, bq, k0, bk):
+    """The ``(bq, bk)`` tile at ``(q0, k0)`` of ``x (..., R|1, C|1)`` (a size-1 axis stays)."""
+    r, c = x.shape[-2] > 1, x.shape[-1] > 1
+    start = [jnp.int32(0)] * (x.ndim - 2) + [jnp.int32(q0 if r else 0), jnp.int32(k0 if c else 0)]
+    return lax.dynamic_slice(x, start, (*x.shape[:-2], bq if r else 1, bk if c else 1))
+
+
+def _add_at(acc, x, start):
+    """``acc`` with ``x`` added at ``start`` along its last ``len(start)`` axes (rows: -2, or -2, -1)."""
+    start = [jnp.int32(0)] * (acc.ndim - 2) + [jnp.int32(x) for x in start] + [jnp.int32(0)] * (2 - len(start))
+    return lax.dynamic_update_slice(acc, lax.dynamic_slice(acc, start, x.shape) + x, start)
+
+
+def _add_key_columns(acc, x, j, nk, N, layout):
+    """``acc (..., Lk)`` with ``x (..., nk)`` added at key shard ``j``'s columns (:func:`_key_columns`)."""
+    if layout == "contiguous":
+        return _add_at(acc, x, (0, j * nk))
+    half = nk // 2
+    return _add_at(_add_at(acc, x[..., :half], (0, j * half)), x[..., half:], (0, (2 * N - 1 - j) * half))
+
+
+def _sum_to(x, shape):
+    """``x`` summed over the axes broadcasting stretched to reach it from ``shape`` (same rank or more)."""
+    x = jnp.sum(x, axis=tuple(range(x.ndim - len(shape)))) if x.ndim > len(shape) else x
+    axes = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape)) if n == 1 and m != 1)
+    return jnp.sum(x, axis=axes, keepdims=True) if axes else x
+
+
+def _group_sum(x, G):
+    """The gradient of :func:`repeat_kv`: ``(B, H, n, D)`` summed per query group to ``Hkv`` heads."""
+    return x if G == 1 else x.reshape(x.shape[0], -1, G, *x.shape[2:]).sum(axis=2)
 
 
 # --------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from .attention import *  # noqa: F401,F403
 from .variants import *  # noqa: F401,F403
 from .blockwise import *  # noqa: F401,F403
 from .sharded import *  # noqa: F401,F403
+from .ulysses import *  # noqa: F401,F403
 from .layers import *  # noqa: F401,F403
 from .encoder import *  # noqa: F401,F403
 from .decoder import *  # noqa: F401,F403

@@ -26,9 +26,9 @@ both accept with the same results; a call that is certainly invalid (a list
 where only arrays go, None where a value is required) is never accepted.
 The counts per function are printed at the end of the run.
 
-torch_impl's ``ring_attention`` is one rank of a process group: with no
-group it is a one-rank ring, the global view, so the grid calls it on the
-base call whose ``num_shards`` is 1 (without that argument).
+torch_impl's ``ring_attention`` and ``ulysses_attention`` are one rank of a
+process group: with no group there is one rank, the global view, so the grid
+calls them on the base call whose ``num_shards`` is 1 (without that argument).
 
 numpy_ref and torch_impl walk the whole grid in the fast tier (about 4 s);
 jax_impl compiles every new shape eagerly, so the fast tier walks every 8th
@@ -149,6 +149,10 @@ EXTRA = [
       "v": _R.standard_normal((2, 1, 4, 2)), "mask": None, "scale": None, "bias": _R.standard_normal((2, 1, 4)),
       "causal": False, "window": (1, 2), "align": "top_left", "layout": "contiguous", "num_shards": 1,
       "softcap": 2.0, "alibi_slopes": _R.random(2)}),
+    ("ulysses_attention",  # torch_impl's one-rank Ulysses (BASE's has 2 shards)
+     {"q": _R.standard_normal((2, 2, 4, 3)), "k": _R.standard_normal((2, 1, 4, 3)),
+      "v": _R.standard_normal((2, 1, 4, 2)), "mask": _R.random((2, 1, 1, 4)) < 0.7, "scale": None,
+      "causal": True, "align": "top_left", "layout": "contiguous", "num_shards": 1}),
 ]
 
 #: ``{function: [(index of the base call, kwargs), ...]}`` in BASE's order, then EXTRA's
@@ -161,6 +165,8 @@ OTHER_VIEW = {
     "torch_impl": {
         "ring_attention": lambda kw: ({k: v for k, v in kw.items() if k != "num_shards"}
                                       if kw.get("num_shards") == 1 else None),
+        "ulysses_attention": lambda kw: ({k: v for k, v in kw.items() if k != "num_shards"}
+                                         if kw.get("num_shards") == 1 else None),
     },
 }
 
@@ -172,7 +178,7 @@ NOT_COMPARABLE = {
         # generators; JAX has none and asks for ``rng`` (SPEC 3.12)
         _keep_mask_left_out(function, what, kwargs)
         # ring_attention(num_shards=None): the size of the mesh, or every device (jax_impl's mesh API)
-        or (function == "ring_attention" and what == "num_shards as None")),
+        or (function in ("ring_attention", "ulysses_attention") and what == "num_shards as None")),
 }
 
 

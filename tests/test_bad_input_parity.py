@@ -210,6 +210,10 @@ BASE = [
      {"q": f(B, 4, DK), "k": f(B, 4, DK), "v": f(B, 4, DV), "mask": None, "scale": 0.5,
       "causal": False, "align": "top_left", "layout": "contiguous", "num_shards": 1},
      {"mask": (B, 4, 4)}),
+    ("ulysses_attention",  # SPEC 3.24: 2 shards share H = 4 query heads over Hkv = 2
+     {"q": f(B, 4, 4, DK), "k": f(B, 2, 8, DK), "v": f(B, 2, 8, DV), "mask": keep(B, 1, 1, 8), "scale": None,
+      "causal": True, "align": "bottom_right", "layout": "zigzag", "num_shards": 2},
+     {"mask": (B, 4, 4, 8)}),
     ("sharded_attention",
      {"q": f(B, H, LQ, DK), "k": f(B, H, LK, DK), "v": f(B, H, LK, DV), "mask": keep(B, 1, 1, LK), "scale": None,
       "batch_shards": 2, "head_shards": 2},
@@ -732,7 +736,7 @@ def _dtype_name(a):
 OTHER_VIEW = {
     # one rank's shards inside a process group, not the global arrays and num_shards:
     # tests/torch_impl/test_sharded.py compares its refusals with numpy_ref's, rank by rank
-    "torch_impl": {"ring_attention"},
+    "torch_impl": {"ring_attention", "ulysses_attention"},  # ulysses: tests/torch_impl/test_ulysses.py
 }
 
 

@@ -26,6 +26,7 @@ else:
     from .variants import *  # noqa: F401,F403
     from .blockwise import *  # noqa: F401,F403
     from .sharded import *  # noqa: F401,F403
+    from .ulysses import *  # noqa: F401,F403
     from .layers import *  # noqa: F401,F403
     from .encoder import *  # noqa: F401,F403
     from .seq2seq import *  # noqa: F401,F403

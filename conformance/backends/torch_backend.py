@@ -59,10 +59,10 @@ class TorchBackend(Backend):
         self._pools.clear()
 
     def supports(self, call: Call) -> bool:
-        """Every case; a ring case where ``torch.distributed`` exists and its
+        """Every case; a ring or Ulysses case where ``torch.distributed`` exists and its
         ``num_shards`` is a world size (torch_impl's ring has no ``num_shards``:
         its world is the process group's, so a bad count is not expressible)."""
-        if call.function != "ring_attention":
+        if call.function not in _DISTRIBUTED:
             return True
         import torch.distributed as dist
 
@@ -74,7 +74,7 @@ class TorchBackend(Backend):
 
         import torch_impl
 
-        if call.function == "ring_attention":
+        if call.function in _DISTRIBUTED:
             return self._ring(call, dtype)
         kwargs = self._to_torch(call.kwargs, dtype)
         leaves = [get_path(kwargs, name) for name in call.wrt]
@@ -98,7 +98,7 @@ class TorchBackend(Backend):
         })
 
     def _ring(self, call: Call, dtype: str | None) -> Result:
-        """A ring case on a ``torch.distributed`` group of ``num_shards`` ranks
+        """A ring (or Ulysses) case on a ``torch.distributed`` group of ``num_shards`` ranks
         (gloo; NCCL, one GPU per rank, when this adapter runs on CUDA): each rank
         gets its shards of q, k, v and of the cotangents and the global mask, runs
         ``torch_impl.ring_attention`` and its autograd backward, and the ranks'
@@ -113,13 +113,16 @@ class TorchBackend(Backend):
         cuda = str(self.device).startswith("cuda")
         if world not in self._pools:
             self._pools[world] = TorchDistPool(world, backend="nccl" if cuda else "gloo")
-        ranks = self._pools[world].run(_ring_job, (kwargs, dtype, call.wrt, call.cotangents, cuda))
+        job = _DISTRIBUTED[call.function]
+        ranks = self._pools[world].run(job, (kwargs, dtype, call.wrt, call.cotangents, cuda))
         layout = kwargs["layout"]
 
         def whole(parts, axis=-2):
             return unshard_sequence([np.asarray(p, dtype=np.float64) for p in parts], layout=layout, axis=axis)
 
-        outputs = {"out": whole([r[0] for r in ranks]), "lse": whole([r[1] for r in ranks], axis=-1)}
+        outputs = {"out": whole([r[0] for r in ranks])}
+        if job is _ring_job:
+            outputs["lse"] = whole([r[1] for r in ranks], axis=-1)
         grads = {name: (np.asarray(ranks[0][2][name], dtype=np.float64) if name in _RING_GLOBAL  # summed over ranks
                         else whole([r[2][name] for r in ranks])) for name in call.wrt}
         return Result(outputs, grads)
@@ -221,3 +224,45 @@ def _ring_job(kwargs, dtype, wrt, cotangents, cuda):
         grads = {name: _to_numpy(torch.zeros_like(leaves[name]) if g is None else g)
                  for name, g in zip(wrt, values)}
     return _to_numpy(out), _to_numpy(lse), grads
+
+
+def _ulysses_job(kwargs, dtype, wrt, cotangents, cuda):
+    """One rank's part of a ``ulysses_attention`` case, as :func:`_ring_job`'s:
+    ``(out, None, grads)`` of this rank's sequence shards (the global mask whole)."""
+    import torch
+    import torch.distributed as dist
+
+    import numpy_ref
+    import torch_impl
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = f"cuda:{rank}" if cuda else "cpu"
+    layout = kwargs["layout"]
+    target = None if dtype is None else getattr(torch, dtype)
+
+    def local(x):
+        try:
+            part = numpy_ref.shard_sequence(x, world, layout=layout)[rank]
+        except (TypeError, ValueError):  # not divisible, or no known layout: an uneven split
+            part = np.array_split(x, world, axis=-2)[rank]
+        t = torch.from_numpy(np.ascontiguousarray(part)).to(device)
+        return t.to(target) if target is not None and t.dtype.is_floating_point else t
+
+    leaves = {name: local(kwargs[name]) for name in ("q", "k", "v")}
+    for name in wrt:
+        leaves[name].requires_grad_(True)
+    mask = kwargs.get("mask")
+    mask = None if mask is None else torch.from_numpy(np.asarray(mask)).to(device)
+    extra = {key: kwargs[key] for key in ("causal", "align", "layout") if key in kwargs}
+    out = torch_impl.ulysses_attention(leaves["q"], leaves["k"], leaves["v"], mask, kwargs.get("scale"), **extra)
+    grads = {}
+    if wrt:
+        loss = (out * local(cotangents["out"]).to(out.dtype)).sum()
+        values = torch.autograd.grad(loss, [leaves[name] for name in wrt], allow_unused=True)
+        grads = {name: _to_numpy(torch.zeros_like(leaves[name]) if g is None else g)
+                 for name, g in zip(wrt, values)}
+    return _to_numpy(out), None, grads
+
+
+#: the functions run on a process group of ``num_shards`` ranks, and each one's rank job
+_DISTRIBUTED = {"ring_attention": _ring_job, "ulysses_attention": _ulysses_job}

@@ -14,7 +14,10 @@ per rank on CUDA), and reports per configuration:
   and its ratio to one shard (the single-device function, same code);
 - JAX's per-device memory: the compiled program's arguments, outputs and
   temporaries on one device (``Compiled.memory_analysis``, exact, not
-  sampled); on CUDA torch's peak allocated memory per rank;
+  sampled), its ratio to the ideal (one shard's over ``N``: ``x ideal``),
+  and the same for the autodiff ring (``ring_attention.autodiff``, compiled
+  only: the backward JAX derives, which keeps every step's k/v shard); on
+  CUDA torch's peak allocated memory per rank;
 - the communication each device sends (counted, not timed): ``N - 1`` k/v
   shards forward, ``N - 1`` k/v shards plus ``N`` gradient accumulators
   backward, ``B · Hkv · (L / N) · (Dk + Dv)`` elements each
@@ -122,8 +125,8 @@ def _jax_runs(config, args):
             def fwd(q, k, v, mesh=mesh):
                 return jax_impl.ring_attention(q, k, v, causal=causal, layout=layout, mesh=mesh, axis_name="seq")
 
-            def loss(q, k, v, mesh=mesh):
-                out, _ = fwd(q, k, v)
+            def loss(q, k, v, mesh=mesh, ring=jax_impl.ring_attention):
+                out, _ = ring(q, k, v, causal=causal, layout=layout, mesh=mesh, axis_name="seq")
                 return out.sum()
 
             f = jax.jit(fwd)
@@ -131,11 +134,14 @@ def _jax_runs(config, args):
             start = time.perf_counter()
             compiled_f, compiled_g = f.lower(q, k, v).compile(), g.lower(q, k, v).compile()
             compile_s = time.perf_counter() - start
+            # the autodiff ring (ring_attention.autodiff, for forward mode): compiled for its memory only
+            autodiff = jax.jit(jax.grad(lambda *a: loss(*a, ring=jax_impl.ring_attention.autodiff), argnums=(0, 1, 2)))
             row = {"framework": "jax", "L": L, "causal": causal, "layout": layout, "N": N,
                    "forward": _time(lambda: f(q, k, v), config["repeats"]),
                    "forward+backward": _time(lambda: g(q, k, v), config["repeats"]),
                    "compile_s": compile_s, "peer": "jax.nn.dot_product_attention", "peer_forward_ms": peer_ms,
-                   "memory_bytes": {"forward": _jax_memory(compiled_f), "forward+backward": _jax_memory(compiled_g)}}
+                   "memory_bytes": {"forward": _jax_memory(compiled_f), "forward+backward": _jax_memory(compiled_g),
+                                    "forward+backward autodiff": _jax_memory(autodiff.lower(q, k, v).compile())}}
             rows.append(_with_schedule(row, config, 4))
             _progress(f"jax L={L} causal={causal} {layout} N={N}: "
                       f"{row['forward']['median_ms']:.1f} ms fwd, {row['forward+backward']['median_ms']:.1f} ms f+b")
@@ -281,28 +287,35 @@ def _with_schedule(row, config, itemsize):
 
 
 def _ratios(rows):
-    """Each row's time over its framework's one-shard time for the same problem."""
+    """Each row's time over its framework's one-shard time for the same problem, and its
+    per-device memory over the ideal, one shard's divided by ``N`` (``memory_vs_ideal``)."""
     base = {(r["framework"], r["L"], r["causal"], r["layout"]): r for r in rows if r["N"] == 1}
     for r in rows:
         one = base.get((r["framework"], r["L"], r["causal"], r["layout"]))
         for mode in ("forward", "forward+backward"):
             r[mode]["vs_one_shard"] = (r[mode]["median_ms"] / one[mode]["median_ms"]) if one else None
+        r["memory_vs_ideal"] = {mode: r["N"] * mem / one["memory_bytes"][mode]
+                                for mode, mem in r["memory_bytes"].items()
+                                if one and mem and one["memory_bytes"].get(mode)}
     return rows
 
 
 def _table(rows):
     head = (f"{'fw':6} {'L':>6} {'causal':>6} {'layout':>10} {'N':>3} {'fwd ms':>9} {'x1':>5} "
-            f"{'f+b ms':>9} {'x1':>5} {'MiB/dev f+b':>11} {'sent MiB fwd':>12} {'bwd':>8} {'blocks/dev':>14} "
+            f"{'f+b ms':>9} {'x1':>5} {'MiB/dev f+b':>11} {'x ideal':>7} {'autodiff':>8} {'sent MiB fwd':>12} {'bwd':>8} {'blocks/dev':>14} "
             f"{'imbal':>5}")
     lines = [head, "-" * len(head)]
     for r in rows:
         mem = r["memory_bytes"]["forward+backward"]
+        auto = r["memory_bytes"].get("forward+backward autodiff")
+        ideal = r["memory_vs_ideal"].get("forward+backward")
         sent = r["sent_bytes_per_device"]
         lines.append(
             f"{r['framework']:6} {r['L']:>6} {str(r['causal']):>6} {r['layout']:>10} {r['N']:>3} "
             f"{r['forward']['median_ms']:>9.2f} {_x(r['forward']['vs_one_shard']):>5} "
             f"{r['forward+backward']['median_ms']:>9.2f} {_x(r['forward+backward']['vs_one_shard']):>5} "
-            f"{'n/a' if mem is None else f'{mem / 2**20:.2f}':>11} {sent['forward'] / 2**20:>12.3f} "
+            f"{'n/a' if mem is None else f'{mem / 2**20:.2f}':>11} {_x(ideal):>7} "
+            f"{'-' if auto is None else f'{auto / 2**20:.2f}':>8} {sent['forward'] / 2**20:>12.3f} "
             f"{sent['backward'] / 2**20:>8.3f} {','.join(map(str, r['blocks_per_device'])):>14} "
             f"{r['imbalance']:>5.2f}")
     peers = {(r["framework"], r["L"], r["causal"]): (r["peer"], r["peer_forward_ms"]) for r in rows

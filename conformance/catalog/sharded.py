@@ -42,6 +42,7 @@ _case, _err = adders(CASES)
 B, H, HKV, L, DK, DV = 2, 4, 2, 8, 4, 6
 HKV6 = 3  # the kv heads of the cases with H = 6 query heads: G = 2 differs from Hkv
 _RING, _MERGE, _HEADS = "ring_attention", "merge_attention", "sharded_attention"
+_ULYSSES = "ulysses_attention"
 
 
 def _ring(r, N, layout="contiguous", mask="none", causal=False, align="top_left", Lq=L, Lk=L,
@@ -215,6 +216,26 @@ _case("sharded/heads/heads3/gqa-h6-hkv3", _HEADS,
 _case("sharded/heads/rank3/batch2", _HEADS, partial(_heads, batch_shards=2, rank=3), note="no head axis")
 
 # --------------------------------------------------------------------------
+# Ulysses: all-to-all over heads (small: Dv = 4, no head-6 case)
+
+
+def _ulysses(r, N, layout="contiguous", mask="none", causal=False, align="top_left", heads=H, kv_heads=HKV):
+    """``ulysses_attention``'s arguments: ``(B, H, L, Dk)`` queries over ``Hkv`` kv heads, Dv = 4."""
+    kw = {"q": normal(r, B, heads, L, DK), "k": normal(r, B, kv_heads, L, DK), "v": normal(r, B, kv_heads, L, 4)}
+    return {**kw, "mask": attention_mask(r, mask, B, heads, L, L), "scale": None, "causal": causal,
+            "align": align, "layout": layout, "num_shards": N}
+
+
+_case("sharded/ulysses/2/causal", _ULYSSES, partial(_ulysses, N=2, causal=True),
+      note="device r takes query heads 2r, 2r+1 over kv head r of the whole sequence; the causal mask "
+           "from global positions")
+_case("sharded/ulysses/2/zigzag/gqa+padding", _ULYSSES,
+      partial(_ulysses, N=2, layout="zigzag", mask="padding", causal=True, align="bottom_right"),
+      note="zigzag shards put back in sequence order after the all-to-all; padding crossing the shards")
+_case("sharded/ulysses/4/per-head", _ULYSSES, partial(_ulysses, N=4, mask="per-head", kv_heads=H),
+      note="one head per device (H = Hkv = 4): the mask's heads follow their device")
+
+# --------------------------------------------------------------------------
 # bad input
 
 
@@ -240,6 +261,10 @@ _err("sharded/ring-alibi-slopes-shape", _RING, "ValueError", "alibi_slopes",
 _err("sharded/ring-window-negative", _RING, "ValueError", "window", partial(_ring_variant, N=2, window=(-1, 0)))
 _err("sharded/ring-window-not-a-pair", _RING, "TypeError", "window", partial(_ring_variant, N=2, window=3))
 _err("sharded/ring-softcap-zero", _RING, "ValueError", "softcap", partial(_ring_variant, N=2, softcap=0.0))
+_err("sharded/ulysses-heads-not-divisible", _ULYSSES, "ValueError", "q",
+     partial(_ulysses, N=4, heads=6, kv_heads=6), note="4 shards cannot share H = 6 query heads")
+_err("sharded/ulysses-kv-heads-not-divisible", _ULYSSES, "ValueError", "k", partial(_ulysses, N=4),
+     note="4 shards cannot share Hkv = 2 kv heads (each device must hold whole query groups)")
 _err("sharded/merge-lses-shape", _MERGE, "ValueError", "lses",
      lambda r: {**_merge(r), "lses": normal(r, 3, B, H, L - 1)})
 _err("sharded/merge-no-parts", _MERGE, "ValueError", "outs",

@@ -71,6 +71,11 @@ def test_jax_memory_per_device_falls_with_the_shards_and_the_plot_is_written(rep
                 for r in rows if r["framework"] == "jax"}
     for causal, layout in ((False, "contiguous"), (True, "contiguous"), (True, "zigzag")):
         assert jax_rows[causal, layout, 2] < jax_rows[causal, layout, 1]
+    for r in rows:  # the ratio to the ideal (one shard's / N), and the autodiff ring's memory beside it
+        if r["framework"] == "jax":
+            assert r["memory_bytes"]["forward+backward autodiff"] > 0
+            assert r["memory_vs_ideal"]["forward+backward"] == pytest.approx(
+                r["N"] * r["memory_bytes"]["forward+backward"] / jax_rows[r["causal"], r["layout"], 1])
     # torch's per-rank memory is measured on CUDA only: on the CPU the report says n/a, not a guess
     assert all(r["memory_bytes"]["forward+backward"] is None for r in rows if r["framework"] == "torch")
     pytest.importorskip("matplotlib")

@@ -242,7 +242,8 @@ def scores(call: Call) -> np.ndarray:
         s = np.moveaxis(kw["x"], kw["axis"], -1)
         mask = None if kw["mask"] is None else np.moveaxis(np.broadcast_to(kw["mask"], kw["x"].shape),
                                                            kw["axis"], -1)
-    elif fn in ("scaled_dot_product_attention", "blockwise_attention", "ring_attention", "sharded_attention"):
+    elif fn in ("scaled_dot_product_attention", "blockwise_attention", "ring_attention", "sharded_attention",
+                "ulysses_attention"):
         # blockwise: the structure (causal, window) is not needed, large anywhere
         scale = 1 / np.sqrt(kw["q"].shape[-1]) if kw["scale"] is None else kw["scale"]
         s = kw["q"] @ np.swapaxes(grouped(kw["q"], kw["k"]), -1, -2) * scale

@@ -56,6 +56,7 @@ STATIC = {
     "merge_attention": (),
     "ring_attention": ("scale", "causal", "align", "layout", "num_shards", "mesh", "axis_name"),
     "sharded_attention": ("scale", "batch_shards", "head_shards", "mesh", "batch_axis", "head_axis"),
+    "ulysses_attention": ("scale", "causal", "align", "layout", "num_shards", "mesh", "axis_name"),
     "additive_attention": (),
     "multi_head_attention": ("num_heads", "dropout_p", "num_kv_heads", "rope", "rope_base", "softcap"),
     "init_multi_head_attention": ("d_model", "dtype", "num_heads", "num_kv_heads"),

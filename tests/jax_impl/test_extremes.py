@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import operator
 
 import numpy as np
 import pytest
@@ -42,7 +43,7 @@ def N(x):
 
 @functools.lru_cache(maxsize=None)
 def _program(name, grad, static):
-    fn = functools.partial(getattr(ji, name), **dict(static))
+    fn = functools.partial(operator.attrgetter(name)(ji), **dict(static))  # "ring_attention.autodiff" too
 
     def forward(q, k, v, mask):
         return fn(q, k, v, mask)
@@ -142,13 +143,17 @@ def test_blockwise_at_scale_1e30_is_the_argmax_limit(dtype):
     X.assert_masked_rows(N(out), N(lse), case["masked_rows"], g)
 
 
+@pytest.mark.parametrize("fn", ["ring_attention.autodiff", pytest.param("ring_attention", marks=pytest.mark.xfail(
+    strict=True, reason=("the reverse ring (issue 31's custom_vjp) rebuilds P = exp(s - lse) from the merged lse, "
+                         "as numpy_ref's and torch's (their strict xfail test_lse_gradients_at_scale_1e30_are_the_"
+                         "limit_with_ties[ring]): t tied keys get P = 1, not 1/t; the autodiff ring does not")))])
 @pytest.mark.parametrize("layout", [slow("contiguous"), "zigzag"])
-def test_ring_at_scale_1e30_is_the_argmax_limit_with_limit_lse_gradients(layout):
+def test_ring_at_scale_1e30_is_the_argmax_limit_with_limit_lse_gradients(layout, fn):
     case = X.argmax_case()
     lim = X.argmax_limit(case)
     out_b, lse_b = X.argmax_bounds(lim, case["v"], "float64")
     case = dict(case, d_out=np.zeros_like(case["d_out"]))  # a cotangent on lse alone
-    out, lse, g = run("ring_attention", case, "float64", scale=case["scale"], num_shards=3, layout=layout)
+    out, lse, g = run(fn, case, "float64", scale=case["scale"], num_shards=3, layout=layout)
     X.assert_within(N(out), lim["out"], out_b, "out")
     X.assert_within(N(lse), lim["lse"], lse_b, "lse")
     X.assert_masked_rows(N(out), N(lse), case["masked_rows"], g)

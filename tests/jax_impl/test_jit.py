@@ -90,6 +90,10 @@ def _calls(rng):
             "q": _n(rng, B, H, 4, DH), "k": _n(rng, B, 1, 8, DH), "v": _n(rng, B, 1, 8, DV),
             "mask": _pad([5, 8], 8), "scale": 0.3, "causal": True, "align": "bottom_right",
             "layout": "zigzag", "num_shards": 2}),
+        "ulysses_attention": ((), {  # grouped heads, zigzag, a key padding mask over 2 devices
+            "q": _n(rng, B, 4, 4, DH), "k": _n(rng, B, 2, 8, DH), "v": _n(rng, B, 2, 8, DV),
+            "mask": _pad([5, 8], 8), "scale": 0.3, "causal": True, "align": "bottom_right",
+            "layout": "zigzag", "num_shards": 2}),
         "sharded_attention": ((), {"q": _n(rng, B, H, LQ, DH), "k": _n(rng, B, H, LK, DH),
                                    "v": _n(rng, B, H, LK, DV), "mask": _pad([3, 7]), "batch_shards": 2}),
         "block_schedule": ((), {"Lq": LQ, "Lk": LK, "block_q": 2, "block_k": 3, "causal": True,
@@ -219,8 +223,8 @@ def _seq2seq_calls(rng, key):
     }
 
 
-MODULES = ("masks", "positional", "attention", "variants", "blockwise", "sharded", "layers", "encoder",
-           "seq2seq", "decoder", "cache", "transformer")
+MODULES = ("masks", "positional", "attention", "variants", "blockwise", "sharded", "ulysses", "layers",
+           "encoder", "seq2seq", "decoder", "cache", "transformer")
 PUBLIC = sorted(
     [name for m in MODULES for name in importlib.import_module(f"jax_impl.{m}").__all__]
     + list(interop.__all__)

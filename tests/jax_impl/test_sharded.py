@@ -527,3 +527,108 @@ def test_ring_schedule_with_a_window_is_numpy_ref_s():
     want = nr.ring_schedule(16, 16, 4, window=(1, 2), layout="zigzag")
     assert np.array_equal(got.visible, want.visible) and got.skipped == want.skipped
     assert nr.ring_schedule(16, 16, 4, window=(1, 2)).skipped == 6
+
+
+# --------------------------------------------------------------------------
+# the two backward passes: the reverse ring (custom_vjp) and autodiff (ring_attention.autodiff)
+# --------------------------------------------------------------------------
+
+#: (N, layout, causal, window, bias shape, slopes shape, softcap, Hkv): both layouts on 2 and 4 devices
+BACKWARDS = [
+    (2, "contiguous", True, None, None, None, None, HKV),
+    (2, "zigzag", False, (3, 1), (B, H, 16, 16), (H,), 2.0, HKV),
+    (4, "zigzag", True, None, (B, 1, 1, 16), (B, H), None, 1),
+    (4, "contiguous", False, (2, 2), (16,), None, 1.5, HKV),
+]
+
+
+@pytest.mark.parametrize("case", [BACKWARDS[0], *(slow(c) for c in BACKWARDS[1:])],
+                         ids=[f"{c[0]}-{c[1]}" + ("-causal" if c[2] else "") for c in BACKWARDS])
+def test_reverse_ring_gradients_equal_autodiff_dense_and_numpy_ref(case):
+    N, layout, causal, window, bias_shape, slopes_shape, softcap, hkv = case
+    rng = np.random.default_rng(N + len(layout))
+    q = rng.standard_normal((B, H, 16, DK))
+    k, v = rng.standard_normal((B, hkv, 16, DK)), rng.standard_normal((B, hkv, 16, DV))
+    bias = None if bias_shape is None else rng.standard_normal(bias_shape)
+    slopes = None if slopes_shape is None else np.abs(rng.standard_normal(slopes_shape))
+    mask = rng.random((B, 1, 16, 16)) < 0.8
+    kw = dict(causal=causal, window=window, layout=layout, softcap=softcap, num_shards=N)
+    d_out, d_lse = rng.standard_normal((B, H, 16, DV)), rng.standard_normal((B, H, 16))
+
+    def grads(fn):
+        @jax.jit
+        def run(q, k, v, bias, slopes):
+            (out, lse), vjp = jax.vjp(lambda *a: fn(*a[:3], mask, bias=a[3], alibi_slopes=a[4], **kw),
+                                      q, k, v, bias, slopes)
+            return out, lse, vjp((d_out, jnp.where(jnp.isfinite(lse), d_lse, 0.0)))
+        return run(q, k, v, bias, slopes)
+
+    got, auto = grads(ji.ring_attention), grads(ji.ring_attention.autodiff)
+    want = nr.ring_attention_backward((d_out, np.where(np.isfinite(np.asarray(got[1])), d_lse, 0.0)), q, k, v, mask,
+                                      bias=bias, alibi_slopes=slopes, **kw)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(auto[0]))  # one forward
+    for i, name in enumerate(("q", "k", "v", "bias", "alibi_slopes")):
+        if name not in want:
+            assert got[2][i] is None
+            continue
+        assert not np.isnan(np.asarray(got[2][i])).any(), name
+        np.testing.assert_allclose(np.asarray(got[2][i]), want[name], err_msg=name, **TOL)
+        np.testing.assert_allclose(np.asarray(got[2][i]), np.asarray(auto[2][i]), err_msg=name, **TOL)
+    # and the dense one-device attention's gradients (window as a mask, ALiBi as a bias)
+    dense = jax.vjp(lambda q, k, v, b, s: ji.blockwise_attention(q, k, v, mask, b, causal=causal, window=window,
+                                                                 softcap=softcap, alibi_slopes=s), q, k, v, bias, slopes)
+    dense_grads = dense[1]((d_out, jnp.where(jnp.isfinite(dense[0][1]), d_lse, 0.0)))
+    for i, name in enumerate(("q", "k", "v", "bias", "alibi_slopes")):
+        if name in want:
+            np.testing.assert_allclose(np.asarray(got[2][i]), np.asarray(dense_grads[i]), err_msg=name, **TOL)
+
+
+def _one_function(rng):
+    arrays = {n: jnp.asarray(a) for n, a in Ring(2, "zigzag", True, kv_heads=HKV).arrays(rng).items() if a is not None}
+    kw = dict(causal=True, layout="zigzag", num_shards=2)
+    return arrays, lambda fn: lambda q: fn(q, arrays["k"], arrays["v"], **kw)[0]
+
+
+def test_forward_mode_takes_the_autodiff_ring(rng):
+    arrays, f = _one_function(rng)
+    t = jnp.asarray(rng.standard_normal(arrays["q"].shape))
+    with pytest.raises(TypeError, match="forward-mode"):  # a custom_vjp refuses jvp
+        jax.jvp(f(ji.ring_attention), (arrays["q"],), (t,))
+    out, tangent = jax.jvp(f(ji.ring_attention.autodiff), (arrays["q"],), (t,))
+    _, vjp = jax.vjp(f(ji.ring_attention), arrays["q"])  # <ct, J t> = <J^T ct, t>
+    ct = jnp.asarray(rng.standard_normal(out.shape))
+    np.testing.assert_allclose(float(jnp.vdot(ct, tangent)), float(jnp.vdot(vjp(ct)[0], t)), rtol=1e-12)
+
+
+@SLOW  # four second-order programs (~10 s)
+def test_second_derivatives_of_the_reverse_ring_equal_autodiff_s(rng):
+    # forward over the reverse ring's backward (jax.hessian = jacfwd(jacrev)), and grad of grad
+    arrays, f = _one_function(rng)
+    loss = lambda fn: lambda q: jnp.sum(jnp.sin(f(fn)(q)))  # noqa: E731
+    part = lambda fn: lambda x: loss(fn)(arrays["q"].at[:1, :1, :4].set(x))  # noqa: E731
+    q1 = arrays["q"][:1, :1, :4]  # a small Hessian: (1, 1, 4, Dk) squared
+    h = jax.jit(jax.hessian(part(ji.ring_attention)))(q1)
+    h_auto = jax.jit(jax.hessian(part(ji.ring_attention.autodiff)))(q1)
+    np.testing.assert_allclose(np.asarray(h), np.asarray(h_auto), rtol=1e-10, atol=1e-12)
+    gg = jax.grad(lambda q: jnp.sum(jax.grad(loss(ji.ring_attention))(q) ** 2))(arrays["q"])
+    gg_auto = jax.grad(lambda q: jnp.sum(jax.grad(loss(ji.ring_attention.autodiff))(q) ** 2))(arrays["q"])
+    np.testing.assert_allclose(np.asarray(gg), np.asarray(gg_auto), rtol=1e-10, atol=1e-12)
+
+
+def _grad_memory(fn, N, L=4096):
+    """Per-device bytes (arguments + outputs + temporaries) of the compiled gradient program."""
+    x = jax.ShapeDtypeStruct((1, 4, L, 64), jnp.float32)
+    loss = lambda q, k, v: fn(q, k, v, num_shards=N)[0].sum()  # noqa: E731
+    m = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x).compile().memory_analysis()
+    return None if m is None else m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+
+
+@SLOW  # compiles four gradient programs (~5 s)
+def test_reverse_ring_memory_per_device_falls_as_one_over_n():
+    if _grad_memory(ji.ring_attention, 1, 256) is None:
+        pytest.skip("this runtime reports no memory analysis")
+    custom = {N: _grad_memory(ji.ring_attention, N) for N in (2, 8)}
+    auto = _grad_memory(ji.ring_attention.autodiff, 8)
+    # 4x fewer rows per device: 4x less memory but a constant (one 128 x 128 tile's temporaries)
+    assert custom[2] / custom[8] > 3.3, custom
+    assert custom[8] < 0.6 * auto, (custom, auto)  # autodiff keeps every step's k/v shard

@@ -27,11 +27,13 @@ from conformance.protocol import FLOAT32_OUTPUTS, get_path  # noqa: E402
 
 from .conftest import to_numpy, to_torch  # noqa: E402
 
-#: torch_impl's ring_attention is the local view (one rank's shards in a process group): a
+#: the functions of torch_impl that take one rank's shards (no ``num_shards``)
+_LOCAL_VIEW = ("ring_attention", "ulysses_attention")
+#: torch_impl's ring_attention (and ulysses_attention) is the local view (one rank's shards in a process group): a
 #: one-shard case calls it alone here (no process group: a ring of one), the others run on
 #: gloo ranks in tests/torch_impl/test_sharded.py and the conformance adapter
 VALUES = [c for c in CASES if c.error is None
-          and (c.function != "ring_attention" or c.call().kwargs["num_shards"] == 1)]
+          and (c.function not in _LOCAL_VIEW or c.call().kwargs["num_shards"] == 1)]
 #: functions whose result is a mask or a table: no arithmetic to round
 EXACT = ("padding_mask", "causal_mask", "combine_masks", "mask_to_bias", "sinusoidal_encoding")
 #: functions with a fused path (``need_weights=False``)
@@ -50,7 +52,7 @@ def _call(case, dtype, **extra):
     for leaf in leaves:
         leaf.requires_grad_(True)
     args, kw = split_args(call.function, kwargs)
-    if call.function == "ring_attention":
+    if call.function in _LOCAL_VIEW:
         kw.pop("num_shards")  # a ring of one: the process group's world, not an argument
     outputs = name_outputs(call.function, getattr(ti, call.function)(*args, **kw, **extra))
     return call, outputs, leaves

@@ -4,7 +4,8 @@ The layouts and shard counts (``shard_positions``, ``ring_schedule``,
 ``shard_sequence``, ``unshard_sequence``), the ring (``ring_attention``,
 the global view; ``ring_shard``, one rank's), the merge of partial results
 (``merge_attention`` and its cotangents), head and batch shards
-(``sharded_attention``), and the agreement of the ranks
+(``sharded_attention``), Ulysses' all-to-all over heads (``ulysses_attention``,
+the global view; ``ulysses_shard``, one rank's), and the agreement of the ranks
 (``same_on_every_rank``). The layouts themselves are ``ring.py``'s.
 """
 from __future__ import annotations
@@ -108,6 +109,45 @@ class ShardedRules:
         for x, name, letters in ((q, "q", (*batch, "Lq", "Dk")), (k, "k", (*self._kv_heads(q, k)[0], "Lk", "Dk"))):
             self._divides(x, name, letters, -2, 1 if local else N, per_shard, how)
         return N, batch
+
+    # ---- Ulysses: all-to-all over heads ------------------------------------
+
+    def ulysses_attention(self, q, k, v, mask, scale, causal, align, layout, num_shards) -> tuple:
+        """``ulysses_attention`` (the global view: numpy_ref, jax_impl): sdpa's arrays
+        (grouped k/v heads allowed; no bias, no dropout), a causal flag, an alignment,
+        a layout, ``num_shards >= 1`` dividing ``Lq`` and ``Lk`` (twice over for
+        zigzag) and, for more than one shard, a head axis whose ``H`` and ``Hkv``
+        it divides (after the all-to-all a device holds ``H / N`` query heads over
+        ``Hkv / N`` kv heads: whole query groups). Returns ``(G, N)``."""
+        G = self.sdpa(q, k, v, mask, None, scale, 0.0, None)
+        N, _ = self._ring_lengths(q, k, causal, align, layout, num_shards, local=False)
+        self._ulysses_heads(q, k, N)
+        return G, N
+
+    def ulysses_shard(self, q, k, v, mask, scale, causal, align, layout, num_shards) -> int:
+        """``ulysses_attention`` on one rank (torch_impl: the local view): this rank's
+        sequence shards ``q (B, H, Lq / N, Dk)``, ``k``/``v`` ``(B, Hkv, Lk / N, D)``,
+        ``mask`` broadcastable to the *global* ``(B, H, Lq, Lk)``; the group's ``N``
+        ranks divide ``H`` and ``Hkv``. Returns the group size ``G``."""
+        self.arrays({"q": q, "k": k, "v": v}, {"mask": mask})
+        G = self.sdpa(q, k, v, None, None, scale, 0.0, None)
+        N, batch = self._ring_lengths(q, k, causal, align, layout, num_shards, local=True)
+        self._ulysses_heads(q, k, N)
+        self._mask(mask, "mask", q, "q", (*q.shape[:-2], int(q.shape[-2]) * N, int(k.shape[-2]) * N),
+                   (*batch, "Lq", "Lk"))
+        return G
+
+    def _ulysses_heads(self, q, k, N) -> None:
+        """ValueError unless ``N`` shards divide q's ``H`` and k's ``Hkv`` (any rank for ``N = 1``)."""
+        if N == 1:
+            return
+        if q.ndim != 4:
+            raise ValueError(f"q: expected shape (B, H, Lq, Dk) with a head axis that {N} shards divide "
+                             f"(the all-to-all hands each device H/{N} heads), got {shape_str(q.shape)}")
+        self._divides(q, "q", ("B", "H", "Lq", "Dk"), 1, N, 1,
+                      f"{N} shards: each device takes H/{N} query heads after the all-to-all")
+        self._divides(k, "k", ("B", "Hkv", "Lk", "Dk"), 1, N, 1,
+                      f"{N} shards: each device takes Hkv/{N} key/value heads, whole query groups")
 
     def same_on_every_rank(self, name, mine, theirs) -> None:
         """ValueError unless every rank reported the same ``(dtype, shape)`` for ``name``."""
