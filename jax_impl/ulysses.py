@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from numpy_ref._contract import ring as _ring
@@ -30,6 +29,7 @@ from numpy_ref._contract import ring as _ring
 from ._checks import rules
 from .attention import scaled_dot_product_attention
 from .masks import causal_mask
+from .sharded import _ring_mesh, _ring_size  # the sequence axis's mesh, as the ring builds it
 
 __all__ = ["ulysses_attention"]
 
@@ -76,50 +76,10 @@ def ulysses_attention(q, k, v, mask=None, scale=None, *, causal=False, align="to
       ``out (B, H, Lq, Dv)``, a global array in sequence order.
     """
     _, N = rules.ulysses_attention(q, k, v, mask, scale, causal, align, layout,
-                                   _size(num_shards, mesh, axis_name))  # SPEC 3.24
-    mesh, axis_name = _mesh(N, mesh, axis_name)
+                                   _ring_size(num_shards, mesh, axis_name))  # SPEC 3.24
+    mesh, axis_name = _ring_mesh(N, mesh, axis_name)
     run = _program(mesh, axis_name, None if scale is None else float(scale), bool(causal), align, layout)
     return run(q, k, v, mask)
-
-
-def _size(num_shards, mesh, axis_name):
-    """``N`` as the caller gave it (validated by the rules afterwards)."""
-    if num_shards is not None:
-        return num_shards
-    if mesh is None:
-        return len(jax.devices())
-    return mesh.shape[_axis_of(mesh, axis_name)]
-
-
-def _axis_of(mesh, axis_name):
-    if axis_name is None:
-        if len(mesh.axis_names) != 1:
-            raise ValueError(f"axis_name: expected the mesh axis of the sequence for a mesh with axes "
-                             f"{tuple(mesh.axis_names)}, got None")
-        return mesh.axis_names[0]
-    if axis_name not in mesh.axis_names:
-        raise ValueError(f"axis_name: expected one of the mesh's axes {tuple(mesh.axis_names)}, got {axis_name!r}")
-    return axis_name
-
-
-def _mesh(N, mesh, axis_name):
-    """``(mesh, axis_name)`` of ``N`` devices (``N`` a valid Python int)."""
-    if mesh is None:
-        devices = jax.devices()
-        if N > len(devices):
-            raise ValueError(f"num_shards: expected at most the {len(devices)} devices of jax.devices(), got {N}")
-        name = "seq" if axis_name is None else axis_name
-        return _mesh_of(tuple(devices[:N]), name), name
-    axis_name = _axis_of(mesh, axis_name)
-    if N != mesh.shape[axis_name]:
-        raise ValueError(f"num_shards: expected None or the size {mesh.shape[axis_name]} of mesh axis "
-                         f"{axis_name!r}, got {N}")
-    return mesh, axis_name
-
-
-@functools.lru_cache(maxsize=None)
-def _mesh_of(devices, name):
-    return Mesh(np.asarray(devices, dtype=object), (name,))
 
 
 @functools.lru_cache(maxsize=None)

@@ -250,6 +250,7 @@ LAYER_ON_LAYER = {
         ("positional", "layers"): {"_CanonicalModule", "_tensors"},
         ("seq2seq", "layers"): {"_CanonicalModule", "_tensors", "_uniform"},
         ("transformer", "layers"): {"_CanonicalModule", "_tensors"},
+        ("ulysses", "sharded"): {"_agree", "_rank", "_world"},  # the ranks agree before an all-to-all
         ("cache", "attention"): {"_attend", "_project_heads"},
         ("decoder", "encoder"): {"_init_stack", "_Layer", "_Stack"},
         ("sharded", "blockwise"): {"_backward", "_forward", "_Scores"},
@@ -261,6 +262,7 @@ LAYER_ON_LAYER = {
         ("decoder", "encoder"): {"_draw_missing", "_init_stack"},
         ("sharded", "blockwise"): {"_attend_blocks"},
         ("transformer", "cache"): {"_decoder_cache", "_decoder_step"},
+        ("ulysses", "sharded"): {"_ring_mesh", "_ring_size"},  # the sequence axis's mesh
     },
 }
 

@@ -34,11 +34,11 @@ import torch
 import torch.distributed as dist
 
 from numpy_ref._contract import ring as _ring
-from numpy_ref._contract.arguments import dtype_str as _dtype_str
 
 from ._checks import rules
 from .attention import scaled_dot_product_attention
 from .masks import causal_mask
+from .sharded import _agree, _rank, _world  # the ranks' agreement before communicating, as the ring's
 
 __all__ = ["ulysses_attention"]
 
@@ -164,43 +164,3 @@ def _exchange(x, group):
     out = torch.empty_like(x)
     dist.all_to_all_single(out, x, group=group)
     return out
-
-
-def _world(group):
-    """The group's size, or 1 with no process group initialised."""
-    if group is None and not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size(group)
-
-
-def _rank(group):
-    if group is None and not (dist.is_available() and dist.is_initialized()):
-        return 0
-    return dist.get_rank(group)
-
-
-def _agree(group, q, k, v, rejected=None):
-    """Every rank's verdict on its arguments, with one ``all_gather_object`` of the
-    ``(dtype, shape)`` of q, k, v and of whether its own checks passed, so that the
-    ranks raise together instead of waiting in an all-to-all (as the ring's
-    ``torch_impl.sharded``). No-op for one rank.
-
-    Raises (when this rank's own checks passed): ``rules.same_on_every_rank``'s
-    ValueError when the ranks' q, k or v differ; else another rank's rejection
-    (type and message) with ``(on rank r)`` appended."""
-    if _world(group) == 1:
-        return
-    meta = lambda x: ((_dtype_str(x), tuple(int(n) for n in x.shape)) if isinstance(x, torch.Tensor)  # noqa: E731
-                      else (type(x).__name__, ()))
-    mine = [meta(x) for x in (q, k, v)]
-    verdict = None if rejected is None else (type(rejected).__name__, str(rejected))
-    theirs = [None] * dist.get_world_size(group)
-    dist.all_gather_object(theirs, (mine, verdict), group=group)
-    if rejected is not None:
-        return  # the caller raises its own error
-    for i, name in enumerate(("q", "k", "v")):
-        rules.same_on_every_rank(name, mine[i], [m[i] for m, _ in theirs])
-    for r, (_, other) in enumerate(theirs):
-        if other is not None:
-            kind, message = other
-            raise (TypeError if kind == "TypeError" else ValueError)(f"{message} (on rank {r})")
