@@ -296,3 +296,19 @@ def alibi(slopes, Lq, Lk, offset=0, bias=None):
     dist = jnp.abs(p - jnp.arange(Lk)[None, :]).astype(s.dtype)  # (Lq, Lk), exact integers
     a = (-(s[:, None, None] * dist)).astype(slopes.dtype)  # (H, Lq, Lk)
     return a if bias is None else (upcast(jnp.asarray(bias)) + upcast(a)).astype(slopes.dtype)
+
+
+# --------------------------------------------------------------------------
+# transposes a hand-written backward needs (the ring's custom_vjp; autodiff gives the others)
+
+
+def _sum_to_shape(x, shape):
+    """``x`` summed over the axes broadcasting stretched to reach it from ``shape`` (same rank or more)."""
+    x = jnp.sum(x, axis=tuple(range(x.ndim - len(shape)))) if x.ndim > len(shape) else x
+    axes = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape)) if n == 1 and m != 1)
+    return jnp.sum(x, axis=axes, keepdims=True) if axes else x
+
+
+def _group_sum(x, G):
+    """The transpose of :func:`repeat_kv`: ``(B, H, n, D)`` summed per query group to ``Hkv`` heads."""
+    return x if G == 1 else x.reshape(x.shape[0], -1, G, *x.shape[2:]).sum(axis=2)

@@ -35,7 +35,7 @@ from numpy_ref._contract import blocks as _blocks
 from numpy_ref._contract import ring as _ring
 
 from ._checks import rules
-from ._ops import HALF_DTYPES, _tanh, attention_scale, repeat_kv, upcast
+from ._ops import HALF_DTYPES, _group_sum, _sum_to_shape, _tanh, attention_scale, repeat_kv, upcast
 from .attention import scaled_dot_product_attention
 from .blockwise import _attend_blocks
 
@@ -577,7 +577,7 @@ def _ring_backward_body(q, k, v, *rest, sched, axis, scale, G, has_mask, has_bia
             if db is not None:
                 db = db + g[3] if db.shape[-1] == 1 else _add_key_columns(db, g[3], j, nk, N, layout)
             return (k_j, v_j, dk + _group_sum(g[1], G), dv + _group_sum(g[2], G), dq + g[0], db,
-                    None if dsl is None else dsl + _sum_to(g[4], dsl.shape))
+                    None if dsl is None else dsl + _sum_to_shape(g[4], dsl.shape))
 
         return lax.cond(computed[r, s], compute, lambda st: st, state)
 
@@ -646,7 +646,7 @@ def _step_backward(qf, kf, vf, dO, D, lse, allowed, bias, dist, slopes, softcap)
         dS = jnp.where(valid, p * (dO_t @ jnp.swapaxes(v_t, -1, -2) - D_t[..., None]), 0.0)
         dv = _add_at(dv, jnp.swapaxes(p, -1, -2) @ dO_t, (k0,))
         if db is not None:
-            db = _add_at(db, _sum_to(dS, b_t.shape), (q0 if db.shape[-2] > 1 else 0, k0 if db.shape[-1] > 1 else 0))
+            db = _add_at(db, _sum_to_shape(dS, b_t.shape), (q0 if db.shape[-2] > 1 else 0, k0 if db.shape[-1] > 1 else 0))
         if dsl is not None:
             dsl = dsl - jnp.sum(dS * d_t, axis=(-2, -1))
         if th is not None:
@@ -692,18 +692,6 @@ def _add_key_columns(acc, x, j, nk, N, layout):
         return _add_at(acc, x, (0, j * nk))
     half = nk // 2
     return _add_at(_add_at(acc, x[..., :half], (0, j * half)), x[..., half:], (0, (2 * N - 1 - j) * half))
-
-
-def _sum_to(x, shape):
-    """``x`` summed over the axes broadcasting stretched to reach it from ``shape`` (same rank or more)."""
-    x = jnp.sum(x, axis=tuple(range(x.ndim - len(shape)))) if x.ndim > len(shape) else x
-    axes = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape)) if n == 1 and m != 1)
-    return jnp.sum(x, axis=axes, keepdims=True) if axes else x
-
-
-def _group_sum(x, G):
-    """The gradient of :func:`repeat_kv`: ``(B, H, n, D)`` summed per query group to ``Hkv`` heads."""
-    return x if G == 1 else x.reshape(x.shape[0], -1, G, *x.shape[2:]).sum(axis=2)
 
 
 # --------------------------------------------------------------------------

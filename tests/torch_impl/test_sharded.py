@@ -150,6 +150,11 @@ def _ring_shards(case, dtype, group):
 
 def counting_ring_job(case):
     """How many blocks this rank computed in the forward and in the backward."""
+    return _count_blocks(ring_job, case)
+
+
+def _count_blocks(job, case):
+    """``job(case)`` on this rank, counting the block kernel's forward and backward calls."""
     import torch_impl.sharded as sharded
 
     calls = {"forward": 0, "backward": 0}
@@ -164,7 +169,7 @@ def counting_ring_job(case):
     sharded._block_forward, sharded._block_backward = (counted("forward", originals[0]),
                                                        counted("backward", originals[1]))
     try:
-        ring_job(case)
+        job(case)
     finally:
         sharded._block_forward, sharded._block_backward = originals
     return calls
@@ -723,21 +728,4 @@ def test_a_step_outside_the_window_is_never_computed(pools):
 
 def counting_variant_job(case):
     """How many blocks this rank computed in the forward and in the backward of a variant case."""
-    import torch_impl.sharded as sharded
-
-    calls = {"forward": 0, "backward": 0}
-    originals = sharded._block_forward, sharded._block_backward
-
-    def counted(name, fn):
-        def wrapper(*args, **kwargs):
-            calls[name] += 1
-            return fn(*args, **kwargs)
-        return wrapper
-
-    sharded._block_forward, sharded._block_backward = (counted("forward", originals[0]),
-                                                       counted("backward", originals[1]))
-    try:
-        variant_ring_job(case)
-    finally:
-        sharded._block_forward, sharded._block_backward = originals
-    return calls
+    return _count_blocks(variant_ring_job, case)
