@@ -38,7 +38,7 @@ the merged ``lse`` is rounded, so these weights carry a relative error of
 about ``u·|lse|``, unlike blockwise attention's, rebuilt from ``(m, log l)``),
 adds ``dq_r`` locally and adds ``dk_j``, ``dv_j`` to accumulators that
 travel with the key/value shard; after ``N`` steps one more pass brings
-each accumulator home.
+each accumulator home (``numpy_ref/_ring.py``).
 
 **Head/batch sharding.** Heads and batch entries never interact in
 attention: shard ``(b, h)`` computes :func:`scaled_dot_product_attention` on
@@ -51,11 +51,11 @@ import numpy as np
 from ._checks import rules
 from ._contract import blocks as _blocks
 from ._contract import ring as _ring
-from ._ops import _group_sum, _sum_to_shape, attention_scale, repeat_kv, upcast
+from ._ops import attention_scale, repeat_kv, upcast
+from ._ring import _at_index, _ring_backward  # the reverse ring, a file of its own
 from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
-from .blockwise import _backward as _block_backward
 from .blockwise import _forward as _block_forward
-from .blockwise import _full_rank, _given_lse, _Scores
+from .blockwise import _full_rank, _Scores
 
 __all__ = [
     "shard_positions", "ring_schedule", "shard_sequence", "unshard_sequence",
@@ -343,61 +343,15 @@ class _Ring:
         return self.unshard(outs), _unshard_rows(lses, self.N, self.layout)
 
     def backward(self, d_out, d_lse, q, k, v, out, lse):
-        """The reverse ring from the merged ``(out, lse)``: ``{"q", "k", "v"}`` in the compute dtype."""
-        N = self.N
-        qs, outs, lses = self.shard(q), self.shard(out), _shard_rows(lse, N, self.layout)
-        d_outs = self.shard(np.zeros_like(out) if d_out is None else d_out)
-        d_lses = None if d_lse is None else _shard_rows(d_lse, N, self.layout)
-        dq = [np.zeros_like(upcast(x)) for x in qs]
-        # what travels: the kv shard and its gradient accumulators
-        held = [(k_j, v_j, np.zeros_like(upcast(k_j)), np.zeros_like(upcast(v_j)))
-                for k_j, v_j in zip(self.shard(k), self.shard(v))]
-        q_dtype = upcast(q).dtype
-        dbias = None if self.bias is None else np.zeros(self.bias.shape, q_dtype)  # (*batch|1, Lq|1, Lk|1)
-        dslopes = None if self.slopes is None else np.zeros(_full_rank(self.slopes, 2).shape, q_dtype)  # (B|1, H)
-        for s in range(N):
-            for r in range(N):
-                j = self.sched.kv_shard(r, s)
-                if not self.sched.computed[r, s]:
-                    continue
-                k_j, v_j, dk_j, dv_j = held[r]
-                g = _block_backward(d_outs[r], None if d_lses is None else d_lses[r], qs[r],
-                                    repeat_kv(k_j, self.G), repeat_kv(v_j, self.G), self.allowed(r, j),
-                                    self.bias_block(r, j, q_dtype), self.score,
-                                    self.step(qs[r].shape[-2], k_j.shape[-2]),
-                                    outs[r], _given_lse(lses[r]))  # P = exp(s - lse): the merged lse
-                if dbias is not None:  # the block's dS at its global rows and columns
-                    rows, cols = _at_index(dbias, self.sched.q_positions[r], self.sched.k_positions[j])
-                    block = dbias[..., rows, cols]  # a copy: the bias's block, broadcast axes size 1
-                    dbias[..., rows, cols] = block + _sum_to_shape(g["bias"], block.shape)
-                if dslopes is not None:  # s += -slope_h · |p_i - j|
-                    dslopes -= _sum_to_shape(np.sum(g["bias"] * self.distance(r, j, q_dtype), axis=(-2, -1)),
-                                             dslopes.shape)  # (B|1, H)
-                dq[r] += g["q"]
-                dk_j += _group_sum(g["k"], self.G)  # the group's query heads summed into kv head g
-                dv_j += _group_sum(g["v"], self.G)
-            held = held[-1:] + held[:-1]  # the shard and its accumulators move on together
-        # after N passes each accumulator is back on the device that owns its shard
-        grads = {"q": self.unshard(dq), "k": self.unshard([h[2] for h in held]),
-                 "v": self.unshard([h[3] for h in held])}
-        if dbias is not None:
-            grads["bias"] = dbias.reshape(self.bias_shape)
-        if dslopes is not None:
-            grads["alibi_slopes"] = dslopes.reshape(self.slopes.shape)  # (H,) or (B, H)
-        return grads
+        """The reverse ring from the merged ``(out, lse)``: ``{"q", "k", "v"}`` in the compute
+        dtype (``numpy_ref._ring._ring_backward``)."""
+        return _ring_backward(self, d_out, d_lse, q, k, v, out, lse)
 
 
 def _at(x, qp, kp):
     """``x`` ``(…, Lq|1, Lk|1)`` at query positions ``qp`` and key positions ``kp``
     (a broadcast axis stays size 1): ``(…, nq|1, nk|1)``."""
     return x[(..., *_at_index(x, qp, kp))]
-
-
-def _at_index(x, qp, kp):
-    """The index ``(rows (nq|1, 1), cols (1, nk|1))`` of :func:`_at` (positions are distinct)."""
-    rows = np.zeros(1, np.int64) if x.shape[-2] == 1 else qp
-    cols = np.zeros(1, np.int64) if x.shape[-1] == 1 else kp
-    return rows[:, None], cols[None, :]
 
 
 def _merge_two(a, b):
@@ -421,11 +375,6 @@ def _unshard(xs, layout, axis=-2):
     N, n = len(xs), xs[0].shape[axis]
     order = np.argsort(_ring.shard_positions(N * n, N, layout).reshape(-1), kind="stable")
     return np.take(np.concatenate(xs, axis=axis), order, axis=axis)
-
-
-def _shard_rows(x, N, layout):
-    """Shards of a ``(*batch, L)`` array (an lse) along its last axis."""
-    return _shard(x, N, layout, -1)
 
 
 def _unshard_rows(xs, N, layout):

@@ -241,7 +241,9 @@ LAYER_ON_LAYER = {
         ("cache", "attention"): {"_project_heads", "_rope_heads"},  # cached attention projects as dense does
         ("cache", "decoder"): {"_DecoderSublayers"},  # a cached step runs the decoder layer's sublayers
         ("decoder", "encoder"): {"_draw_missing", "_init_stack", "_Sublayers"},  # one stack recipe
-        ("sharded", "blockwise"): {"_backward", "_forward", "_full_rank", "_given_lse", "_Scores"},  # the ring's kernel
+        ("sharded", "blockwise"): {"_forward", "_full_rank", "_Scores"},  # the ring's kernel
+        ("_ring", "blockwise"): {"_backward", "_full_rank", "_given_lse"},  # the reverse ring's kernel
+        ("sharded", "_ring"): {"_at_index", "_ring_backward"},  # the ring's backward, a file of its own
         ("transformer", "cache"): {"_decoder_step", "_init_cache"},  # decoding runs the cache
     },
     "torch_impl": {
@@ -253,14 +255,16 @@ LAYER_ON_LAYER = {
         ("ulysses", "sharded"): {"_agree", "_rank", "_world"},  # the ranks agree before an all-to-all
         ("cache", "attention"): {"_attend", "_project_heads"},
         ("decoder", "encoder"): {"_init_stack", "_Layer", "_Stack"},
-        ("sharded", "blockwise"): {"_backward", "_forward", "_Scores"},
+        ("sharded", "blockwise"): {"_forward", "_Scores"},
+        ("_ring", "blockwise"): {"_backward"},
+        ("sharded", "_ring"): {"_ring_backward", "_wait"},  # the ring's backward, a file of its own
         ("transformer", "cache"): {"_decoder_cache", "_decoder_step"},
     },
     "jax_impl": {
         ("cache", "attention"): {"_project_heads"},
         ("cache", "decoder"): {"_layer_body"},
         ("decoder", "encoder"): {"_draw_missing", "_init_stack"},
-        ("sharded", "blockwise"): {"_attend_blocks"},
+        ("sharded", "_ring"): {"_merge", "_reverse_ring", "_ring_backward_body", "_ring_body"},  # one device's ring
         ("transformer", "cache"): {"_decoder_cache", "_decoder_step"},
         ("ulysses", "sharded"): {"_ring_mesh", "_ring_size"},  # the sequence axis's mesh
     },

@@ -35,13 +35,22 @@ measures the speed-up. The single-device peers in the same run:
 ``jax.nn.dot_product_attention`` and ``F.scaled_dot_product_attention``
 (their ratio is printed beside one shard's).
 
-Writes a table to stdout, progress to stderr, ``bench-results/bench_sharded.json``
+Beside it, for JAX, ring vs Ulysses (``jax_impl.ulysses_attention``: all-to-all
+over heads) with ``versus_heads`` heads (8 in the preset, so that Ulysses runs
+at every ``N`` up to 8; ``n/a`` where ``N`` does not divide them), contiguous
+layout: the forward+backward median time of each and the bytes each device
+sends (``communication`` and ``ulysses_communication``, docs/SPEC.md 3.24);
+the ring's one-step figure is also read from its compiled forward (the
+``collective-permute`` results in the HLO, ``hlo_permute_bytes``).
+
+Writes the tables to stdout, progress to stderr, ``bench-results/bench_sharded.json``
 and, with matplotlib, ``bench-results/bench_sharded.png``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -49,12 +58,13 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["main", "PRESETS", "communication"]
+__all__ = ["main", "PRESETS", "communication", "ulysses_communication", "hlo_permute_bytes"]
 
-#: name -> (lengths, shard counts, B, H, Hkv, head width, repeats)
+#: name -> (lengths, shard counts, B, H, Hkv, head width, repeats); ``versus_heads``: the heads
+#: of the ring-vs-Ulysses table (Ulysses needs them divisible by every shard count)
 PRESETS = {
-    "sharded": dict(lengths=(512, 2048), shards=(1, 2, 4, 8), B=1, H=4, Hkv=4, D=64, repeats=3),
-    "sharded-quick": dict(lengths=(64,), shards=(1, 2), B=1, H=2, Hkv=2, D=16, repeats=2),
+    "sharded": dict(lengths=(512, 2048), shards=(1, 2, 4, 8), B=1, H=4, Hkv=4, D=64, repeats=3, versus_heads=8),
+    "sharded-quick": dict(lengths=(64,), shards=(1, 2), B=1, H=2, Hkv=2, D=16, repeats=2, versus_heads=2),
 }
 
 
@@ -72,6 +82,8 @@ def build_parser():
     p.add_argument("--heads", type=int, help="query heads H")
     p.add_argument("--kv-heads", type=int, help="key/value heads Hkv (grouped-query when < H)")
     p.add_argument("--repeats", type=int, help="timed samples per configuration")
+    p.add_argument("--versus-heads", type=int,
+                   help="heads of the ring-vs-Ulysses table (Ulysses needs them divisible by N)")
     p.add_argument("--json", default="bench-results/bench_sharded.json")
     p.add_argument("--plot", default="bench-results/bench_sharded.png", help="PNG path, or 'none'")
     return p
@@ -85,6 +97,29 @@ def communication(B, Hkv, L, N, Dk, Dv, itemsize):
     """Bytes one device sends: ``{"step", "forward", "backward"}`` (docs/SPEC.md 3.24)."""
     step = B * Hkv * (L // N) * (Dk + Dv) * itemsize  # one k/v shard (or its gradients)
     return {"step": step, "forward": (N - 1) * step, "backward": (N - 1) * step + (N if N > 1 else 0) * step}
+
+
+def ulysses_communication(B, H, Hkv, L, N, Dk, Dv, itemsize):
+    """Bytes one device sends with Ulysses: ``{"forward", "backward"}`` (docs/SPEC.md 3.24).
+
+    Forward: an all-to-all of its ``q``, ``k``, ``v`` shards and one of ``out`` back, each
+    keeping ``1/N`` at home: ``(N - 1)/N² · B·(H·L + Hkv·L)·(Dk + Dv)`` elements; the
+    backward the same again (``dO`` there, ``dq``, ``dk``, ``dv`` back)."""
+    sent = (N - 1) * B * (H + Hkv) * L * (Dk + Dv) * itemsize // (N * N)
+    return {"forward": sent, "backward": sent}
+
+
+def hlo_permute_bytes(hlo_text):
+    """The bytes of the ``collective-permute`` results written in an HLO module's text
+    (each counted once, however often a loop runs it): for the contiguous ring's
+    forward, the k/v shard one step sends (``communication(...)["step"]``)."""
+    import re
+
+    sizes = {"f64": 8, "f32": 4, "s32": 4, "bf16": 2, "f16": 2, "pred": 1}
+    total = 0
+    for dtype, dims in re.findall(r"= (\w+)\[([\d,]*)\][^ ]* collective-permute\(", hlo_text):
+        total += math.prod(int(d) for d in dims.split(",") if d) * sizes[dtype]
+    return total
 
 
 def _progress(text):
@@ -157,6 +192,70 @@ def _jax_memory(compiled):
     if m is None:
         return None
     return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes)
+
+
+def _versus_runs(config, args):
+    """Ring and Ulysses side by side (JAX, contiguous layout, ``versus_heads`` heads): per
+    ``(L, causal, N)`` the forward+backward median time of each and the bytes each device
+    sends, the ring's also read from its compiled forward (one step's collective-permutes)."""
+    import jax
+    import jax.numpy as jnp
+
+    import jax_impl
+
+    devices = jax.devices("gpu" if args.device == "gpu" else "cpu")
+    B, H, D = config["B"], config["versus_heads"], config["D"]
+    rows = []
+    for L, causal, layout in config["problems"]:
+        if layout != "contiguous":
+            continue
+        rng = np.random.default_rng(0)
+        q, k, v = (jnp.asarray(rng.standard_normal((B, H, L, D)), jnp.float32) for _ in range(3))
+        for N in config["shards"]:
+            if N > len(devices) or L % N:
+                continue
+            mesh = jax.sharding.Mesh(np.array(devices[:N]), ("seq",))
+            ring = lambda q, k, v, mesh=mesh: jax_impl.ring_attention(  # noqa: E731
+                q, k, v, causal=causal, mesh=mesh, axis_name="seq")[0]
+            ulysses = lambda q, k, v, mesh=mesh: jax_impl.ulysses_attention(  # noqa: E731
+                q, k, v, causal=causal, mesh=mesh, axis_name="seq")
+            row = {"L": L, "causal": causal, "N": N, "H": H, "Hkv": H}
+            for name, fn in (("ring", ring), ("ulysses", ulysses)):
+                if name == "ulysses" and H % N:
+                    row[name] = None  # Ulysses cannot: each device takes H / N whole heads
+                    continue
+                g = jax.jit(jax.grad(lambda q, k, v, fn=fn: fn(q, k, v).sum(), argnums=(0, 1, 2)))
+                row[name] = {"forward+backward": _time(lambda: g(q, k, v), config["repeats"]),
+                             "sent_bytes_per_device": (communication(B, H, L, N, D, D, 4) if name == "ring"
+                                                       else ulysses_communication(B, H, H, L, N, D, D, 4))}
+            row["ring"]["hlo_step_bytes"] = hlo_permute_bytes(jax.jit(ring).lower(q, k, v).compile().as_text())
+            rows.append(row)
+            uly = row["ulysses"]
+            _progress(f"ring vs ulysses L={L} causal={causal} N={N}: ring "
+                      f"{row['ring']['forward+backward']['median_ms']:.1f} ms, ulysses "
+                      f"{'-' if uly is None else '%.1f' % uly['forward+backward']['median_ms']} ms")
+    return rows
+
+
+def _versus_table(rows):
+    """The ring-vs-Ulysses rows as a table: forward+backward ms and MiB sent per device."""
+    if not rows:
+        return ""
+    head = (f"{'L':>6} {'causal':>6} {'N':>3} {'H':>3} {'ring f+b ms':>11} {'ulysses f+b ms':>14} "
+            f"{'ring MiB sent f+b':>17} {'(HLO step/formula)':>18} {'ulysses MiB sent f+b':>20}")
+    lines = ["ring vs Ulysses (JAX, contiguous):", head, "-" * len(head)]
+    for r in rows:
+        ring, uly = r["ring"], r["ulysses"]
+        sent = ring["sent_bytes_per_device"]
+        uly_sent = None if uly is None else sum(uly["sent_bytes_per_device"].values()) / 2**20
+        check = f"{ring['hlo_step_bytes']}/{sent['step']}" if r["N"] > 1 else "-"
+        lines.append(
+            f"{r['L']:>6} {str(r['causal']):>6} {r['N']:>3} {r['H']:>3} "
+            f"{ring['forward+backward']['median_ms']:>11.2f} "
+            f"{'n/a (H % N)' if uly is None else '%.2f' % uly['forward+backward']['median_ms']:>14} "
+            f"{(sent['forward'] + sent['backward']) / 2**20:>17.3f} {check:>18} "
+            f"{'-' if uly_sent is None else '%.3f' % uly_sent:>20}")
+    return "\n".join(lines)
 
 
 def _time(call, repeats):
@@ -376,6 +475,7 @@ def main(argv=None) -> int:
     config["H"] = args.heads or preset["H"]
     config["Hkv"] = args.kv_heads or (config["H"] if args.heads else preset["Hkv"])
     config["repeats"] = args.repeats or preset["repeats"]
+    config["versus_heads"] = args.versus_heads or preset["versus_heads"]
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     layouts = {"both": ("contiguous", "zigzag"), "contiguous": ("contiguous",), "zigzag": ("zigzag",)}[args.layout]
     # zigzag changes nothing without a causal mask: timed for causal attention only
@@ -386,14 +486,19 @@ def main(argv=None) -> int:
         from ..xla import use_host_devices
 
         use_host_devices(max(config["shards"]))  # before JAX starts: N simulated CPU devices
-    rows = []
+    rows, versus = [], []
     if "jax" in frameworks:
         rows += _jax_runs(config, args)
+        versus = _versus_runs(config, args)
     if "torch" in frameworks:
         rows += _torch_runs(config, args)
     rows = _ratios(rows)
     print(_table(rows))
-    report = {"config": {k: v for k, v in config.items()}, "device": args.device, "rows": rows}
+    if versus:
+        print()
+        print(_versus_table(versus))
+    report = {"config": {k: v for k, v in config.items()}, "device": args.device, "rows": rows,
+              "ring_vs_ulysses": versus}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1, default=str))
     print(f"wrote {args.json}", file=sys.stderr)

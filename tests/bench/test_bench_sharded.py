@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.bench.sharded import PRESETS, communication
+from conformance.bench.sharded import PRESETS, communication, hlo_permute_bytes, ulysses_communication
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = PRESETS["sharded-quick"]
@@ -80,3 +80,51 @@ def test_jax_memory_per_device_falls_with_the_shards_and_the_plot_is_written(rep
     assert all(r["memory_bytes"]["forward+backward"] is None for r in rows if r["framework"] == "torch")
     pytest.importorskip("matplotlib")
     assert (out / "bench_sharded.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ulysses_bytes_are_the_all_to_alls_counted_by_hand():
+    # device r holds its L/N rows of every head; each all-to-all sends head group s to device s,
+    # keeping its own group: count the elements leaving device r, block by block
+    B, H, Hkv, L, N, Dk, Dv = 1, 4, 2, 8, 2, 3, 5
+    rows = L // N
+    for r in range(N):
+        out = sum(B * (H // N) * rows * Dk for s in range(N) if s != r)  # q
+        out += sum(B * (Hkv // N) * rows * (Dk + Dv) for s in range(N) if s != r)  # k, v
+        out += sum(B * (H // N) * rows * Dv for s in range(N) if s != r)  # out, back to the shard's owner
+        assert ulysses_communication(B, H, Hkv, L, N, Dk, Dv, 4) == {"forward": 4 * out, "backward": 4 * out}
+    assert ulysses_communication(B, H, Hkv, L, 1, Dk, Dv, 4) == {"forward": 0, "backward": 0}
+    # the ring: one k/v shard a step, N - 1 steps forward; backward N - 1 shards and N accumulator passes
+    step = B * Hkv * rows * (Dk + Dv) * 4
+    assert communication(B, Hkv, L, N, Dk, Dv, 4) == {"step": step, "forward": step, "backward": 3 * step}
+
+
+def test_the_ring_s_bytes_per_step_are_its_compiled_collective_permutes():
+    jax = pytest.importorskip("jax")
+    import numpy as np
+
+    import jax_impl
+
+    B, H, L, D = 1, 2, 16, 4
+    q = jax.numpy.zeros((B, H, L, D), jax.numpy.float32)
+    for N in (1, 2):
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:N]), ("seq",))
+        forward = jax.jit(lambda q, k, v: jax_impl.ring_attention(q, k, v, mesh=mesh)[0])
+        text = forward.lower(q, q, q).compile().as_text()
+        assert hlo_permute_bytes(text) == communication(B, H, L, N, D, D, 4)["step"] * (N > 1), N
+
+
+@pytest.mark.slow
+def test_ring_and_ulysses_stand_side_by_side_with_their_bytes(report):
+    versus = report[0]["ring_vs_ulysses"]
+    H = QUICK["versus_heads"]
+    L = QUICK["lengths"][0]
+    want = {(L, causal, N) for causal in (False, True) for N in QUICK["shards"]}
+    assert {(r["L"], r["causal"], r["N"]) for r in versus} == want
+    for r in versus:
+        for name in ("ring", "ulysses"):
+            assert math.isfinite(r[name]["forward+backward"]["median_ms"])
+        want = ulysses_communication(QUICK["B"], H, H, L, r["N"], QUICK["D"], QUICK["D"], 4)
+        assert r["ulysses"]["sent_bytes_per_device"] == want
+        assert r["ring"]["hlo_step_bytes"] == r["ring"]["sent_bytes_per_device"]["step"] * (r["N"] > 1)
+    assert "ring vs Ulysses" in report[1]
+

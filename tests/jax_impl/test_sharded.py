@@ -627,8 +627,10 @@ def _grad_memory(fn, N, L=4096):
 def test_reverse_ring_memory_per_device_falls_as_one_over_n():
     if _grad_memory(ji.ring_attention, 1, 256) is None:
         pytest.skip("this runtime reports no memory analysis")
-    custom = {N: _grad_memory(ji.ring_attention, N) for N in (2, 8)}
+    custom = {N: _grad_memory(ji.ring_attention, N) for N in (4, 8)}
     auto = _grad_memory(ji.ring_attention.autodiff, 8)
-    # 4x fewer rows per device: 4x less memory but a constant (one 128 x 128 tile's temporaries)
-    assert custom[2] / custom[8] > 3.3, custom
+    # 2x fewer rows per device: 2x less memory, no constant (the tiles shrink with a small shard).
+    # N = 4 and 8, not 2: at N = 2 each ring is one step, no loop, which XLA compiles without
+    # the loop's carried copies, a different program (measured 3.2x less than N = 8's, not 4x)
+    assert custom[4] / custom[8] > 1.9, custom
     assert custom[8] < 0.6 * auto, (custom, auto)  # autodiff keeps every step's k/v shard
