@@ -40,6 +40,14 @@ not ``1/t``). The forward saves the row's final ``m`` and ``l`` instead
 the same products as ``P`` with ``dO``, ``D`` (numpy_ref computes
 ``exp((s - m) - log l)``; equal to rounding), and no extra pass over a block.
 
+The passes over a block (issue 31): the selections ``where(valid, ·)`` are
+made only in blocks something cuts, once per pass each (``s`` to ``-inf``
+before the max; ``P`` and ``dS`` to 0), by ``tril_``/``triu_`` where only the
+causal/window structure cuts (:class:`_Band`); ``s - m``, ``exp``, ``dP - D``
+and ``· P`` run in place. ``exp`` is ``2^(x · log2 e)`` (:func:`_exp_`, about
+half the time of torch's ``exp`` on a CPU); the rest is the arithmetic of
+the kernel before (tests/torch_impl/test_blockwise_bits.py: the same bits).
+
 Variants (SPEC 5): soft-capping replaces the raw scores by
 ``s_c = cap · tanh(q_b k_bᵀ · scale / cap)`` before the bias, so the
 backward multiplies ``dS`` by ``∂s_c/∂s_raw = 1 - (s_c / cap)²`` before
@@ -192,24 +200,25 @@ def _forward(q, k, v, scale, scores):
         out = k32.new_zeros((*q.shape[:-1], v.shape[-1]))  # (*batch, Lq, Dv)
         lse = k32.new_full(q.shape[:-1], -math.inf)  # (*batch, Lq)
         row_max, row_sum = torch.full_like(lse, -math.inf), torch.zeros_like(lse)  # (*batch, Lq): m, l
+        cuts = {}  # the structural cut of a block, by its shape and diagonal (see _structural_cut)
+        floor = torch.finfo(k32.dtype).min  # m while every score so far is -inf: m - m' never -inf - (-inf)
         for q0, q1, kb0, kb1 in sched.rows:
             q_b = qs[..., q0:q1, :]  # (*batch, bq, Dk)
-            m = q_b.new_full((*q_b.shape[:-1], 1), -math.inf)  # (*batch, bq, 1) running max
+            m = q_b.new_full((*q_b.shape[:-1], 1), floor)  # (*batch, bq, 1) running max, floored
             l = torch.zeros_like(m)  # (*batch, bq, 1) running sum
             acc = q_b.new_zeros((*q_b.shape[:-1], v.shape[-1]))  # (*batch, bq, Dv)
             for k0, k1 in _key_blocks(sched, kb0, kb1):
-                k_b, v_b, s, valid, _, _ = _block(q_b, k32, v32, scores, q0, q1, k0, k1)
-                # valid None: nothing restricts the block, and a -inf score gives exp = 0 by itself
-                m_new = torch.maximum(m, (s if valid is None else torch.where(valid, s, -math.inf))
-                                      .amax(-1, keepdim=True))
-                m_use = torch.where(m_new == -math.inf, 0.0, m_new)  # no -inf - (-inf)
-                alpha = torch.exp(m - m_use)  # (*batch, bq, 1); 0 while m = -inf
-                p = torch.exp(s - m_use)  # (*batch, bq, bk)
-                p = p if valid is None else torch.where(valid, p, 0.0)
+                k_b, v_b, s, cut, _, _ = _block(q_b, k32, v32, scores, q0, q1, k0, k1, cuts)
+                if cut is not None:  # where(valid, s, -inf): the block's one selection
+                    cut.ninf_(s)
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))  # (*batch, bq, 1), finite but NaN, +inf
+                alpha = _exp_(m - m_new)  # (*batch, bq, 1); 0 (or 1 times l = 0) while m = floor
+                p = _exp_(s.sub_(m_new))  # (*batch, bq, bk), in place: exp(-inf - m') = 0 where cut
                 l = alpha * l + p.sum(-1, keepdim=True)  # (*batch, bq, 1)
                 acc = alpha * acc + p @ v_b  # (*batch, bq, Dv)
                 m = m_new
             empty = l == 0  # (*batch, bq, 1): no valid key in the row
+            m = torch.where(empty, -math.inf, m)  # the floor back to -inf
             l_safe = torch.where(empty, 1.0, l)
             out[..., q0:q1, :] = acc / l_safe  # (*batch, bq, Dv)
             lse[..., q0:q1] = torch.where(empty, -math.inf, m + torch.log(l_safe))[..., 0]  # (*batch, bq)
@@ -237,17 +246,27 @@ def _backward(q, k, v, out, stats, d_out, d_lse, scale, scores, want_bias, want_
         dq, dk, dv = torch.zeros_like(qs), torch.zeros_like(k32), torch.zeros_like(v32)
         d_bias = torch.zeros_like(upcast(bias)) if want_bias else None
         d_slopes = torch.zeros_like(upcast(slopes)) if want_slopes else None  # (H,) or (B, H)
+        general = scores.mask is not None or scores.bias is not None
+        cuts = {}
         for q0, q1, kb0, kb1 in sched.rows:
             q_b, dO_b, D_b = qs[..., q0:q1, :], dO[..., q0:q1, :], D[..., q0:q1, :]
+            m_b, dq_b = m_safe[..., q0:q1, :], dq[..., q0:q1, :]  # (*batch, bq, 1), (*batch, bq, Dk) a view
             for k0, k1 in _key_blocks(sched, kb0, kb1):
-                k_b, v_b, s, valid, read, t = _block(q_b, k32, v32, scores, q0, q1, k0, k1)
-                P = torch.exp(s - m_safe[..., q0:q1, :])  # (*batch, bq, bk): l · the softmax's P
-                P = P if valid is None else torch.where(valid, P, 0.0)
+                k_b, v_b, s, cut, read, t = _block(q_b, k32, v32, scores, q0, q1, k0, k1, cuts)
+                if general:  # a -inf score (a -inf bias, or overflow) counts as masked too
+                    cut = _Mask(cut.cut | (s == -math.inf))
+                P = _exp_(s.sub_(m_b))  # (*batch, bq, bk), in place: l · the softmax's P
+                if cut is not None:
+                    cut.zero_(P)
                 dP = dO_b @ v_b.transpose(-1, -2)  # (*batch, bq, bk)
-                dS = P * (dP - D_b)  # (*batch, bq, bk)
-                dS = dS if valid is None else torch.where(valid, dS, 0.0)
-                dv[..., k0:k1, :] += _group_sum(unread_to_zero(P.transpose(-1, -2) @ dO_b, read),
-                                                dv)  # (*batch|B, Hkv, bk, Dv)
+                dS = dP.sub_(D_b).mul_(P)  # (*batch, bq, bk), in place: P ∘ (dP - D)
+                if cut is not None:
+                    cut.zero_(dS)
+                if ("dkv", k0) not in cuts:
+                    cuts["dkv", k0] = (dk[..., k0:k1, :], dv[..., k0:k1, :])  # views, kept for the pass
+                dk_b, dv_b = cuts["dkv", k0]
+                dv_b.add_(_group_sum(unread_to_zero(P.transpose(-1, -2) @ dO_b, read),
+                                     dv))  # (*batch|B, Hkv, bk, Dv)
                 if want_bias:
                     db_b = _block_view(d_bias, q0, q1, k0, k1)  # a view: bias's own (broadcast) shape
                     db_b += _sum_to(dS, db_b.shape)
@@ -255,10 +274,10 @@ def _backward(q, k, v, out, stats, d_out, d_lse, scale, scores, want_bias, want_
                     dist = _alibi_distance(sched, q0, q1, k0, k1, dS.dtype, dS.device)  # (bq, bk)
                     d_slopes += _sum_to(-(dS * dist).sum((-2, -1)), d_slopes.shape)  # (H,) or (B, H)
                 if t is not None:  # s_c = cap · tanh(s_raw / cap): ∂s_c/∂s_raw = 1 - tanh²
-                    dS = dS * (1.0 - t * t)  # (*batch, bq, bk)
-                dk[..., k0:k1, :] += _group_sum(unread_to_zero(dS.transpose(-1, -2) @ q_b, read),
-                                                dk)  # (*batch|B, Hkv, bk, Dk)
-                dq[..., q0:q1, :] += dS @ k_b  # (*batch, bq, Dk), times scale below
+                    dS = dS.mul_(1.0 - t * t)  # (*batch, bq, bk)
+                dk_b.add_(_group_sum(unread_to_zero(dS.transpose(-1, -2) @ q_b, read),
+                                     dk))  # (*batch|B, Hkv, bk, Dk)
+                dq_b.add_(dS @ k_b)  # (*batch, bq, Dk), times scale below
     # dK = scale · dSᵀ q: q was already scaled, dQ still is not
     dq = dq * scale
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
@@ -271,36 +290,127 @@ def _backward(q, k, v, out, stats, d_out, d_lse, scale, scores, want_bias, want_
 # --------------------------------------------------------------------------
 
 
+_LOG2_E = 1.0 / math.log(2.0)
+
+
+def _exp_(x):
+    """``exp(x)`` in place, as ``2^(x · log2 e)``: on a CPU torch's float32
+    ``exp2`` plus the product takes about half the time of its ``exp`` (a
+    block's exponentials were a tenth of the whole step), at a relative
+    error larger by about ``|x| · u`` (``u`` the unit roundoff; ``x = s - m <= 0``,
+    and the large ``|x|`` are the small weights). ``-inf`` still gives 0."""
+    return x.mul_(_LOG2_E).exp2_()
+
+
 def _key_blocks(sched, kb0, kb1):
     """``(k0, k1)`` of the key blocks ``kb0 .. kb1 - 1`` (the last one may be short)."""
     for kb in range(kb0, kb1):
         yield kb * sched.block_k, min((kb + 1) * sched.block_k, sched.Lk)
 
 
-def _block(q_b, k, v, scores, q0, q1, k0, k1):
-    """One visited block: its keys and values (unread rows zeroed), scores and valid entries.
+def _block(q_b, k, v, scores, q0, q1, k0, k1, cuts=None):
+    """One visited block: its keys and values (unread rows zeroed), scores and cut.
 
     Returns ``k_b (*batch, bk, Dk)``, ``v_b (*batch, bk, Dv)`` (grouped
     ``k``, ``v`` repeated to q's ``H`` heads),
-    ``s (*batch, bq, bk)``, ``valid`` (bool, broadcast to ``s``), ``read``
-    (bool ``(..., bk, 1)``: the keys some row of the block may read; None = all)
-    and ``t = tanh(s_raw / cap)`` (None without a softcap), whose
-    ``1 - t²`` the backward needs.
-    ``valid`` is None when nothing restricts the block (no mask, no bias, and
+    ``s (*batch, bq, bk)`` (a new tensor, the caller's to overwrite),
+    ``cut`` (the entries no row may read, ``~(mask & structural & (bias != -inf))``:
+    a :class:`_Mask` or a :class:`_Band`, which set them to ``-inf`` or 0 in
+    place by selection), ``read`` (bool ``(..., bk, 1)``: the keys
+    some row of the block may read; None = all) and ``t = tanh(s_raw / cap)``
+    (None without a softcap), whose ``1 - t²`` the backward needs.
+    ``cut`` is None when nothing restricts the block (no mask, no bias, and
     no causal/window bound cuts it): then every score is valid but ``-inf``
     ones, whose ``exp`` is 0 without a selection, and the caller skips the
-    selections (a third of the elementwise passes of an interior block).
+    selections. Without mask and bias only the blocks the structure cuts
+    (causal: the diagonal ones) have a cut, taken from ``cuts`` (a dict the
+    caller keeps for one pass: blocks of one shape on one diagonal share it;
+    the key/value views of a key block that needs no zeroing are kept there too).
     """
     mask, bias, sched = scores.mask, scores.bias, scores.sched
-    allowed = _allowed(mask, bias, sched, q0, q1, k0, k1, q_b.device)  # (..., bq, bk) or None
-    read = None if allowed is None else allowed.any(-2, keepdim=True).transpose(-1, -2)  # (..., bk, 1)
-    # query head h reads kv head h // G; then SPEC 3.4a per query head
-    k_b = unread_to_zero(repeat_kv(k[..., k0:k1, :], q_b), read)  # (*batch, bk, Dk)
-    v_b = unread_to_zero(repeat_kv(v[..., k0:k1, :], q_b), read)  # (*batch, bk, Dv)
+    cuts = {} if cuts is None else cuts
+    if mask is None and bias is None:
+        cut, read = _structural_cut(sched, q0, q1, k0, k1, q_b.device, q_b.dtype, cuts)
+    else:
+        allowed = _allowed(mask, bias, sched, q0, q1, k0, k1, q_b.device)  # (..., bq, bk)
+        cut = _Mask(~allowed)
+        read = allowed.any(-2, keepdim=True).transpose(-1, -2)  # (..., bk, 1)
+    if read is None and k.shape[:-2] == q_b.shape[:-2]:  # plain views, kept for the pass
+        if ("kv", k0) not in cuts:
+            cuts["kv", k0] = (k[..., k0:k1, :], v[..., k0:k1, :])
+        k_b, v_b = cuts["kv", k0]
+    else:  # query head h reads kv head h // G; then SPEC 3.4a per query head
+        k_b = unread_to_zero(repeat_kv(k[..., k0:k1, :], q_b), read)  # (*batch, bk, Dk)
+        v_b = unread_to_zero(repeat_kv(v[..., k0:k1, :], q_b), read)  # (*batch, bk, Dv)
     s, t = _scores(q_b, k_b, scores, q0, q1, k0, k1)
-    if allowed is None:
-        return k_b, v_b, s, None, read, t
-    return k_b, v_b, s, (s != -math.inf) & allowed, read, t
+    return k_b, v_b, s, cut, read, t
+
+
+def _structural_cut(sched, q0, q1, k0, k1, device, dtype, cuts):
+    """``(cut, read)`` of a block only the causal/window structure restricts: its
+    :class:`_Band` and the keys some row reads ``(bk, 1)`` (None when all
+    are), or ``(None, None)`` when the structure cuts nothing. The structure
+    depends on ``j - p_i`` only, so blocks of one shape on one diagonal
+    share both: ``cuts`` keeps them by ``(k0 - q0, bq, bk)``."""
+    if not sched.structural or _inside(sched, q0, q1, k0, k1):
+        return None, None
+    key = (k0 - q0, q1 - q0, k1 - k0)
+    if key not in cuts:
+        # row r sees column c iff lo <= c - r <= hi, from -left <= j - p_i <= right
+        e, bq, bk = k0 - q0 - sched.offset, q1 - q0, k1 - k0  # j - p_i = c - r + e
+        hi = None if sched.right is None or bk - 1 <= sched.right - e else sched.right - e
+        lo = None if sched.left is None or 1 - bq >= -sched.left - e else -sched.left - e
+        # the keys some row reads: lo <= c <= hi + bq - 1
+        first, last = 0 if lo is None else max(lo, 0), bk - 1 if hi is None else min(hi + bq - 1, bk - 1)
+        read = None
+        if first > 0 or last < bk - 1:
+            c = torch.arange(bk, device=device)[:, None]  # (bk, 1)
+            read = (c >= first) & (c <= last)
+        ninf = torch.zeros((bq, bk), dtype=dtype, device=device)  # (bq, bk): 0 seen, -inf cut
+        if hi is not None:
+            ninf += torch.full_like(ninf, -math.inf).triu_(hi + 1)
+        if lo is not None:
+            ninf += torch.full_like(ninf, -math.inf).tril_(lo - 1)
+        cuts[key] = (_Band(lo, hi, ninf), read)
+    return cuts[key]
+
+
+class _Band(NamedTuple):
+    """The causal/window cut of one block as two diagonals of its own grid
+    (row ``r``, column ``c``): the entries with ``c - r > hi`` or ``c - r < lo``
+    (None: no such bound) are cut. ``tril_``/``triu_`` write 0 there by
+    selection (a NaN or inf there is overwritten, never multiplied), at a
+    small part of a boolean ``masked_fill_``'s cost; ``ninf`` is 0 where seen
+    and ``-inf`` where cut, added after the zeros to make ``-inf``."""
+
+    lo: int | None
+    hi: int | None
+    ninf: torch.Tensor  # (bq, bk)
+
+    def zero_(self, x):
+        """``x (..., bq, bk)`` with the cut entries set to 0, in place."""
+        if self.hi is not None:
+            x.tril_(self.hi)
+        if self.lo is not None:
+            x.triu_(self.lo)
+        return x
+
+    def ninf_(self, s):
+        """``s (..., bq, bk)`` with the cut entries set to ``-inf``, in place (an
+        entry kept is ``s + 0``: the same number, ``-0`` becoming ``+0``)."""
+        return self.zero_(s).add_(self.ninf)
+
+
+class _Mask(NamedTuple):
+    """A cut given as a boolean tensor (True = cut), broadcastable to the block."""
+
+    cut: torch.Tensor
+
+    def zero_(self, x):
+        return x.masked_fill_(self.cut, 0.0)
+
+    def ninf_(self, s):
+        return s.masked_fill_(self.cut, -math.inf)
 
 
 def _scores(q_b, k_b, scores, q0, q1, k0, k1):

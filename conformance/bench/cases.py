@@ -218,11 +218,14 @@ BLOCKWISE_PRESETS = {
 # (block_q, block_k) per framework and device class, when not given: chosen
 # for speed. On a CPU a block of 512 x 512 float32 scores is 1 MiB (it stays
 # in L2) and the Python loop runs (L / 512)² times per pass; 256 doubles the
-# loop's overhead in both directions, 1024 spills the cache. On a GPU each
+# loop's overhead in both directions, 1024 spills the cache. torch's kernel
+# since issue 31 (fewer passes per block) is fastest at 256 x 256 at every
+# length from 512 to 8192 (docs/BENCHMARKS.md, "Block sizes"): its diagonal
+# blocks waste half their work, less with smaller blocks. On a GPU each
 # block is a handful of kernel launches, so the blocks are larger.
 BLOCK_DEFAULTS = {
     ("numpy", "cpu"): (512, 512),
-    ("torch", "cpu"): (512, 512),
+    ("torch", "cpu"): (256, 256),
     ("torch", "gpu"): (1024, 1024),
     ("jax", "cpu"): (512, 512),
     ("jax", "gpu"): (1024, 1024),
@@ -516,7 +519,8 @@ IMPLS = {
              F_SDPA,
              "the math path (need_weights=True): (L, L) weights built and saved for the backward"),
         Impl("torch_impl[blockwise]", "torch", "mirror", blockwise_runners.torch_blockwise, F_SDPA,
-             "the issue's goal: within 1.5x of the fused kernel", dense="torch_impl[dense]"),
+             "the issues' goal: within 1.3x of the fused kernel from L = 2048, 1.5x below",
+             dense="torch_impl[dense]"),
         Impl(F_SDPA, "torch", "builtin", blockwise_runners.torch_sdpa_causal),
         Impl("jax_impl[dense]", "jax", "mirror", blockwise_runners.jax_blockwise_dense,
              JAX_DPA_PEER),
