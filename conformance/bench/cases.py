@@ -486,9 +486,12 @@ IMPLS = {
         Impl("torch_impl[fused]", "torch", "mirror", layer_runners.torch_impl("fused"), NN_TDL,
              "the mirror passes the causal mask as a bool mask; "
              "the built-in gets tgt_is_causal=True"),
-        Impl("jax_impl", "jax", "mirror", layer_runners.jax_impl, NN_TDL,
-             "cross-framework: JAX has no decoder-layer built-in"),
+        Impl("jax_impl", "jax", "mirror", layer_runners.jax_impl, JNP_REF,
+             "JAX has no decoder-layer built-in: vs a plain jnp layer around "
+             "jax.nn.dot_product_attention(is_causal=True)"),
         Impl(NN_TDL, "torch", "builtin", layer_runners.torch_decoder_layer(is_causal=True)),
+        Impl(JNP_REF, "jax", "reference", layer_runners.jnp_reference, NN_TDL,
+             "cross-framework: the plain jnp layer vs the torch built-in"),
         Impl(NN_TDL_MASK, "torch", "builtin", layer_runners.torch_decoder_layer(is_causal=False),
              NN_TDL,
              "the built-in without tgt_is_causal=True (the mask only, as the mirrors): "

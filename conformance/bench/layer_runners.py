@@ -192,19 +192,22 @@ def jax_dpa(problem: Problem, mode: str) -> Runner:
 
 
 def jnp_reference(problem: Problem, mode: str) -> Runner:
-    """Plain jnp around ``jax.nn.dot_product_attention``: JAX has no MHA or
-    encoder-layer built-in, so this is what a JAX user would write."""
+    """Plain jnp around ``jax.nn.dot_product_attention``: JAX has no MHA,
+    encoder-layer or decoder-layer built-in, so this is what a JAX user would
+    write (the decoder's causal self-attention with ``is_causal=True``)."""
     jax = require_module("jax")
     H = problem.shape.H
 
-    def mha(x, p):
+    def mha(x, p, kv=None, is_causal=False):
+        kv = x if kv is None else kv  # cross-attention: keys and values from kv
         B, L, D = x.shape
 
-        def heads(w, b):
-            return (x @ w + b).reshape(B, L, H, D // H)  # (B, L, H, Dh)
+        def heads(z, w, b):
+            return (z @ w + b).reshape(B, z.shape[1], H, D // H)  # (B, L|S, H, Dh)
 
         o = jax.nn.dot_product_attention(
-            heads(p["w_q"], p["b_q"]), heads(p["w_k"], p["b_k"]), heads(p["w_v"], p["b_v"]),
+            heads(x, p["w_q"], p["b_q"]), heads(kv, p["w_k"], p["b_k"]),
+            heads(kv, p["w_v"], p["b_v"]), is_causal=is_causal,
             implementation="xla")  # (B, L, H, Dh)
         return o.reshape(B, L, D) @ p["w_o"] + p["b_o"]  # (B, L, D)
 
@@ -213,12 +216,19 @@ def jnp_reference(problem: Problem, mode: str) -> Runner:
         var = ((x - mean) ** 2).mean(-1, keepdims=True)
         return (x - mean) * jax.lax.rsqrt(var + 1e-5) * p["gamma"] + p["beta"]
 
+    def ffn(h, f):
+        return jax.nn.relu(h @ f["w_1"] + f["b_1"]) @ f["w_2"] + f["b_2"]
+
     def encoder_layer(x, p):
         h = norm(x + mha(x, p["self_attn"]), p["norm1"])  # (B, L, D)
-        f = p["ffn"]
-        return norm(h + jax.nn.relu(h @ f["w_1"] + f["b_1"]) @ f["w_2"] + f["b_2"], p["norm2"])
+        return norm(h + ffn(h, p["ffn"]), p["norm2"])
 
-    forward = mha if problem.op == "mha" else encoder_layer
-    return jax_runner(problem, forward, {n: problem.inputs[n] for n in ("x", "params")}, mode)
+    def decoder_layer(x, memory, p):
+        h1 = norm(x + mha(x, p["self_attn"], is_causal=True), p["norm1"])  # (B, L, D)
+        h2 = norm(h1 + mha(h1, p["cross_attn"], memory), p["norm2"])  # (B, L, D)
+        return norm(h2 + ffn(h2, p["ffn"]), p["norm3"])
 
-
+    forward = {"mha": mha, "encoder_layer": encoder_layer,
+               "decoder_layer": decoder_layer}[problem.op]
+    names = ("x", "memory", "params") if problem.op == "decoder_layer" else ("x", "params")
+    return jax_runner(problem, forward, {n: problem.inputs[n] for n in names}, mode)
