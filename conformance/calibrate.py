@@ -133,7 +133,8 @@ def summarize(rows) -> dict:
 #: functions whose gradients do not follow the half-precision recipe in a backend that
 #: does not declare the dtype: autodiff through a KV cache adds each step's share of a
 #: parameter's gradient in the half dtype (the recipe's float32 sums stop at a step)
-ACROSS_STEPS = frozenset({"decoder_incremental", "self_attention_incremental"})
+ACROSS_STEPS = frozenset({"decoder_incremental", "self_attention_incremental",
+                          "sharded_self_attention_incremental"})
 
 
 def _counts(row, recipe) -> bool:

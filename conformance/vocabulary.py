@@ -109,6 +109,7 @@ FUNCTIONS = {f.name: f for f in (
     Function("decoder_incremental", "cache", "decoder"),
     Function("decoder_step", "cache", "decoder"),
     Function("self_attention_incremental", "cache", "mha"),
+    Function("sharded_self_attention_incremental", "sharded_cache", "sharded", device_counts=("num_shards",)),
     Function("cross_entropy", "transformer", "cross_entropy"),
     Function("transformer", "transformer", "transformer"),
     Function("greedy_decode", "transformer", "transformer", differentiable=False),

@@ -26,9 +26,10 @@ both accept with the same results; a call that is certainly invalid (a list
 where only arrays go, None where a value is required) is never accepted.
 The counts per function are printed at the end of the run.
 
-torch_impl's ``ring_attention`` and ``ulysses_attention`` are one rank of a
-process group: with no group there is one rank, the global view, so the grid
-calls them on the base call whose ``num_shards`` is 1 (without that argument).
+torch_impl's ``ring_attention``, ``ulysses_attention`` and sharded cache are
+one rank of a process group: with no group there is one rank, the global view,
+so the grid calls them on the base call whose ``num_shards`` is 1 (without that
+argument).
 
 numpy_ref and torch_impl walk the whole grid in the fast tier (about 4 s);
 jax_impl compiles every new shape eagerly, so the fast tier walks every 8th
@@ -41,13 +42,14 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from .test_bad_input_parity import (BASE, LISTABLE, OPTIONAL, RANDOM_RESULTS, _dtype_name, _leaves,
+from .test_bad_input_parity import (BASE, LISTABLE, OPTIONAL, RANDOM_RESULTS, Dtype, _dtype_name, _leaves,
                                     _refused_properly, _same_results, _set)
 from .test_bad_input_parity import jax_mirror, numpy_mirror, torch_mirror  # noqa: F401  (fixtures)
 from .tiers import SLOW
 
 #: arguments for which None is a valid value besides OPTIONAL's (None = "not given" / "default")
-NONE_OK = OPTIONAL | {"window", "softcap", "num_kv_heads", "rope", "num_shards", "rng", "dtype"}
+NONE_OK = OPTIONAL | {"window", "softcap", "num_kv_heads", "rope", "num_shards", "rng", "dtype",
+                      "sharded_self_attention_incremental.capacity"}  # None: L rounded up to the shards
 #: functions whose ``window`` is required (blockwise's None means "no window")
 WINDOW_REQUIRED = {"sliding_window_mask"}
 #: JAX's fast tier: every JAX_STRIDE-th call of each function (the slow tier: the others)
@@ -125,7 +127,7 @@ def variants(function, kwargs):
             out.append((f"{name} as None", _set(kwargs, path, None), not optional, False))
             out.append((f"{name} as a list", _set(kwargs, path, [value]), True, False))
         elif _is_number(value) and not nested:
-            optional = top in NONE_OK and not (top == "window" and function in WINDOW_REQUIRED)
+            optional = (top in NONE_OK or f"{function}.{top}" in NONE_OK) and not (top == "window" and function in WINDOW_REQUIRED)
             out.append((f"{name} as None", _set(kwargs, path, None), not optional, False))
     # ints inside a tuple argument (window=(1, 0), chunks=(2, 0, 1))
     for key, value in kwargs.items():
@@ -139,6 +141,10 @@ def variants(function, kwargs):
 #: base calls of the grid's own, besides BASE's: torch_impl's one-rank ring with a mask
 #: (BASE's masked ring has 2 shards, which torch_impl runs only inside a process group)
 _R = np.random.default_rng(29)
+#: multi-head attention params of D = 4 over H = 2 query heads and one kv head (Dh = 2)
+_MHA21 = {"w_q": _R.standard_normal((4, 4)), "b_q": _R.standard_normal(4), "w_k": _R.standard_normal((4, 2)),
+          "b_k": _R.standard_normal(2), "w_v": _R.standard_normal((4, 2)), "b_v": _R.standard_normal(2),
+          "w_o": _R.standard_normal((4, 4)), "b_o": _R.standard_normal(4)}
 EXTRA = [
     ("ring_attention",
      {"q": _R.standard_normal((2, 2, 4, 3)), "k": _R.standard_normal((2, 1, 4, 3)),
@@ -153,6 +159,17 @@ EXTRA = [
      {"q": _R.standard_normal((2, 2, 4, 3)), "k": _R.standard_normal((2, 1, 4, 3)),
       "v": _R.standard_normal((2, 1, 4, 2)), "mask": _R.random((2, 1, 1, 4)) < 0.7, "scale": None,
       "causal": True, "align": "top_left", "layout": "contiguous", "num_shards": 1}),
+    ("init_sharded_cache",  # torch_impl's one-rank sharded cache (SPEC 3.25; BASE's have 2 shards)
+     {"batch_size": 2, "num_heads": 2, "capacity": 4, "d_model": 4, "dtype": Dtype("float64"), "num_shards": 1,
+      "num_kv_heads": 1, "layout": "contiguous"}),
+    ("sharded_self_attention_step",
+     {"x": _R.standard_normal((2, 2, 4)), "params": _MHA21, "num_heads": 2,
+      "cache": {"k": _R.standard_normal((2, 1, 4, 2)), "v": _R.standard_normal((2, 1, 4, 2)),
+                "length": np.array(1)}, "num_shards": 1, "layout": "striped", "num_kv_heads": 1,
+      "alibi_slopes": _R.random(2)}),
+    ("sharded_self_attention_incremental",
+     {"x": _R.standard_normal((2, 3, 4)), "params": _MHA21, "num_heads": 2, "chunks": (1, 2), "num_shards": 1,
+      "layout": "contiguous", "capacity": 4, "num_kv_heads": 1, "rope": "half", "softcap": 2.0}),
 ]
 
 #: ``{function: [(index of the base call, kwargs), ...]}`` in BASE's order, then EXTRA's
@@ -167,6 +184,9 @@ OTHER_VIEW = {
                                       if kw.get("num_shards") == 1 else None),
         "ulysses_attention": lambda kw: ({k: v for k, v in kw.items() if k != "num_shards"}
                                          if kw.get("num_shards") == 1 else None),
+        **dict.fromkeys(("init_sharded_cache", "sharded_self_attention_step", "sharded_self_attention_incremental"),
+                        lambda kw: ({k: v for k, v in kw.items() if k != "num_shards"}
+                                    if kw.get("num_shards") == 1 else None)),
     },
 }
 
@@ -178,7 +198,8 @@ NOT_COMPARABLE = {
         # generators; JAX has none and asks for ``rng`` (SPEC 3.12)
         _keep_mask_left_out(function, what, kwargs)
         # ring_attention(num_shards=None): the size of the mesh, or every device (jax_impl's mesh API)
-        or (function in ("ring_attention", "ulysses_attention") and what == "num_shards as None")),
+        or (function in ("ring_attention", "ulysses_attention", "init_sharded_cache", "sharded_self_attention_step",
+                         "sharded_self_attention_incremental") and what == "num_shards as None")),
 }
 
 

@@ -293,6 +293,16 @@ BASE = [
                              "rope_base": 10000.0}, {}),
     ("self_attention_incremental", {"x": f(B, L, D), "params": gqa_params(), "num_heads": HG, "chunks": (2, 0, 1),
                                     "num_kv_heads": HKV, "rope": "half", "rope_base": 10000.0, "softcap": 3.0}, {}),
+    ("init_sharded_cache", {"batch_size": B, "num_heads": HG, "capacity": C, "d_model": D,  # SPEC 3.25
+                            "dtype": Dtype("float64"), "num_shards": 2, "num_kv_heads": HKV, "layout": "striped"}, {}),
+    ("sharded_self_attention_step", {"x": f(B, 2, D), "params": gqa_params(), "num_heads": HG,
+                                     "cache": attention_cache(1, HKV, D // HG), "num_shards": 2,
+                                     "layout": "contiguous", "num_kv_heads": HKV, "rope": "half",
+                                     "rope_base": 10000.0}, {}),
+    ("sharded_self_attention_incremental", {"x": f(B, L, D), "params": gqa_params(), "num_heads": HG,
+                                            "chunks": (2, 0, 1), "num_shards": 2, "layout": "striped",
+                                            "capacity": None, "num_kv_heads": HKV, "rope": "half",
+                                            "rope_base": 10000.0, "softcap": 3.0}, {}),
     ("init_decoder_layer_cache", {"memory": f(B, S, D), "params": decoder_layer_params(), "num_heads": H,
                                   "capacity": C}, {}),
     ("decoder_layer_step",
@@ -736,7 +746,9 @@ def _dtype_name(a):
 OTHER_VIEW = {
     # one rank's shards inside a process group, not the global arrays and num_shards:
     # tests/torch_impl/test_sharded.py compares its refusals with numpy_ref's, rank by rank
-    "torch_impl": {"ring_attention", "ulysses_attention"},  # ulysses: tests/torch_impl/test_ulysses.py
+    "torch_impl": {"ring_attention", "ulysses_attention",  # ulysses: tests/torch_impl/test_ulysses.py
+                   # the sharded cache: tests/torch_impl/test_sharded_cache.py
+                   "init_sharded_cache", "sharded_self_attention_step", "sharded_self_attention_incremental"},
 }
 
 

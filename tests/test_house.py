@@ -253,6 +253,7 @@ LAYER_ON_LAYER = {
         ("seq2seq", "layers"): {"_CanonicalModule", "_tensors", "_uniform"},
         ("transformer", "layers"): {"_CanonicalModule", "_tensors"},
         ("ulysses", "sharded"): {"_agree", "_rank", "_world"},  # the ranks agree before an all-to-all
+        ("sharded_cache", "sharded"): {"_meta", "_rank", "_world"},  # the ring's group plumbing
         ("cache", "attention"): {"_attend", "_project_heads"},
         ("decoder", "encoder"): {"_init_stack", "_Layer", "_Stack"},
         ("sharded", "blockwise"): {"_forward", "_Scores"},
@@ -267,6 +268,7 @@ LAYER_ON_LAYER = {
         ("sharded", "_ring"): {"_merge", "_reverse_ring", "_ring_backward_body", "_ring_body"},  # one device's ring
         ("transformer", "cache"): {"_decoder_cache", "_decoder_step"},
         ("ulysses", "sharded"): {"_ring_mesh", "_ring_size"},  # the sequence axis's mesh
+        ("sharded_cache", "sharded"): {"_ring_mesh", "_ring_size"},  # the cache's slots on the same axis
     },
 }
 

@@ -32,4 +32,5 @@ else:
     from .seq2seq import *  # noqa: F401,F403
     from .decoder import *  # noqa: F401,F403
     from .cache import *  # noqa: F401,F403
+    from .sharded_cache import *  # noqa: F401,F403
     from .transformer import *  # noqa: F401,F403

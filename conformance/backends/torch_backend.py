@@ -115,11 +115,14 @@ class TorchBackend(Backend):
             self._pools[world] = TorchDistPool(world, backend="nccl" if cuda else "gloo")
         job = _DISTRIBUTED[call.function]
         ranks = self._pools[world].run(job, (kwargs, dtype, call.wrt, call.cotangents, cuda))
-        layout = kwargs["layout"]
+        layout = kwargs.get("layout")
 
         def whole(parts, axis=-2):
             return unshard_sequence([np.asarray(p, dtype=np.float64) for p in parts], layout=layout, axis=axis)
 
+        if job is _sharded_cache_job:  # x, params and the output are whole on every rank (SPEC 3.25)
+            return Result({"out": np.asarray(ranks[0][0], dtype=np.float64)},
+                          {name: np.asarray(ranks[0][2][name], dtype=np.float64) for name in call.wrt})
         outputs = {"out": whole([r[0] for r in ranks])}
         if job is _ring_job:
             outputs["lse"] = whole([r[1] for r in ranks], axis=-1)
@@ -264,5 +267,36 @@ def _ulysses_job(kwargs, dtype, wrt, cotangents, cuda):
     return _to_numpy(out), None, grads
 
 
+def _sharded_cache_job(kwargs, dtype, wrt, cotangents, cuda):
+    """One rank's part of a ``sharded_self_attention_incremental`` case: every rank takes
+    the whole ``x``, params and slopes (its block of the cache is made inside) and
+    returns ``(out, None, grads)``, whole, as every rank has them."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_impl
+
+    device = f"cuda:{dist.get_rank()}" if cuda else "cpu"
+    target = None if dtype is None else getattr(torch, dtype)
+
+    def convert(a):
+        t = torch.from_numpy(np.ascontiguousarray(a)).to(device)
+        return t.to(target) if target is not None and t.dtype.is_floating_point else t
+
+    kw = map_arrays({k: v for k, v in kwargs.items() if k != "num_shards"}, convert)
+    leaves = [get_path(kw, name) for name in wrt]
+    for leaf in leaves:
+        leaf.requires_grad_(True)
+    out = torch_impl.sharded_self_attention_incremental(**kw)
+    grads = {}
+    if wrt:
+        loss = (out * convert(cotangents["out"]).to(out.dtype)).sum()
+        values = torch.autograd.grad(loss, leaves, allow_unused=True)
+        grads = {name: _to_numpy(torch.zeros_like(leaf) if g is None else g)
+                 for name, leaf, g in zip(wrt, leaves, values)}
+    return _to_numpy(out), None, grads
+
+
 #: the functions run on a process group of ``num_shards`` ranks, and each one's rank job
-_DISTRIBUTED = {"ring_attention": _ring_job, "ulysses_attention": _ulysses_job}
+_DISTRIBUTED = {"ring_attention": _ring_job, "ulysses_attention": _ulysses_job,
+                "sharded_self_attention_incremental": _sharded_cache_job}

@@ -3,7 +3,10 @@ partial ``(out, lse)`` pairs, ring (sequence-parallel) attention, and
 head/batch sharding.
 
 Under one component, ``sharded``: ``sharded/merge/...``,
-``sharded/ring/<N>/<layout>/...``, ``sharded/heads/...``. The fixtures are
+``sharded/ring/<N>/<layout>/...``, ``sharded/heads/...``, ``sharded/ulysses/...`` and
+the sharded KV cache, ``sharded/cache/<N>/<layout>/...`` (SPEC 3.25: equal to the plain
+cache and the full causal pass; a torch adapter runs it on ``num_shards`` ranks, each
+given the whole ``x`` and params). The fixtures are
 numpy_ref's simulated ring in float64, which equals blockwise (and dense)
 attention to 1e-12 (``tests/numpy_ref/test_sharded.py``): a sharded kernel
 that passes them computes attention, whatever its devices.
@@ -35,6 +38,7 @@ import numpy as np
 
 from .case import Case, adders
 from .draw import attention_mask, normal, padding_keep
+from .variants import gqa_mha_params
 
 CASES: list[Case] = []
 _case, _err = adders(CASES)
@@ -43,6 +47,7 @@ B, H, HKV, L, DK, DV = 2, 4, 2, 8, 4, 6
 HKV6 = 3  # the kv heads of the cases with H = 6 query heads: G = 2 differs from Hkv
 _RING, _MERGE, _HEADS = "ring_attention", "merge_attention", "sharded_attention"
 _ULYSSES = "ulysses_attention"
+_CACHE = "sharded_self_attention_incremental"
 
 
 def _ring(r, N, layout="contiguous", mask="none", causal=False, align="top_left", Lq=L, Lk=L,
@@ -236,6 +241,36 @@ _case("sharded/ulysses/4/per-head", _ULYSSES, partial(_ulysses, N=4, mask="per-h
       note="one head per device (H = Hkv = 4): the mask's heads follow their device")
 
 # --------------------------------------------------------------------------
+# the sharded KV cache (SPEC 3.25): L = 6, D = 8 over H = 4 heads (Dh = 2) or, with rope, H = 2
+# (Dh = 4: with one pair per head the two rotary conventions coincide) or D = 16 over H = 4
+
+
+def _cache(r, N, chunks, layout="contiguous", capacity=None, D=8, heads=H, Hkv=2, rope=None, alibi=False,
+           softcap=None):
+    """``sharded_self_attention_incremental``'s arguments: ``x (B, 6, D)``, grouped params."""
+    kw = {"x": normal(r, B, 6, D), "params": gqa_mha_params(r, D, heads, Hkv), "num_heads": heads,
+          "chunks": tuple(chunks), "num_shards": N, "layout": layout, "capacity": capacity, "num_kv_heads": Hkv}
+    if rope is not None:
+        kw["rope"] = rope
+    if alibi:  # powers of two: exact in every dtype
+        kw["alibi_slopes"] = 2.0 ** -r.integers(1, 5, size=heads).astype(np.float64)
+    if softcap is not None:
+        kw["softcap"] = softcap
+    return kw
+
+
+_case("sharded/cache/2/contiguous/gqa+rope", _CACHE, partial(_cache, N=2, chunks=(3, 1, 2), D=16, rope="half"),
+      key_bias=False, note="a prefill of 3 fills device 0, the steps device 1; keys rotated at their positions")
+_case("sharded/cache/4/striped/alibi+softcap", _CACHE,
+      partial(_cache, N=4, chunks=(2, 1, 1, 1, 1), layout="striped", capacity=8, alibi=True, softcap=2.0),
+      key_bias=False,  # the cap is not a shift: b_k's gradient is not 0
+      note="position p on device p mod 4: every step writes another device; ALiBi from the positions it holds")
+_case("sharded/cache/4/contiguous/mqa/empty-devices", _CACHE,
+      partial(_cache, N=4, chunks=(0, 4, 2), capacity=12, heads=2, Hkv=1, rope="interleaved"), key_bias=False,
+      note="capacity 12 over 4 devices of 3 slots: devices 2 and 3 never hold a key (lse -inf, weight 0); "
+           "the prefill of 4 ends inside device 1")
+
+# --------------------------------------------------------------------------
 # bad input
 
 
@@ -272,3 +307,9 @@ _err("sharded/merge-no-parts", _MERGE, "ValueError", "outs",
 _err("sharded/heads-not-dividing", _HEADS, "ValueError", "head_shards",
      partial(_heads, head_shards=2, kv_heads=1))
 _err("sharded/batch-not-dividing", _HEADS, "ValueError", "batch_shards", partial(_heads, batch_shards=3))
+_err("sharded/cache-capacity-not-divisible", _CACHE, "ValueError", "capacity",
+     partial(_cache, N=4, chunks=(6,), capacity=6), note="6 slots cannot be cut into 4 equal blocks")
+_err("sharded/cache-capacity-short", _CACHE, "ValueError", "capacity", partial(_cache, N=2, chunks=(6,), capacity=4),
+     note="every token is cached: the capacity must hold L = 6")
+_err("sharded/cache-layout-unknown", _CACHE, "ValueError", "layout",
+     partial(_cache, N=2, chunks=(6,), layout="zigzag"), note="a cache's layouts are contiguous and striped")

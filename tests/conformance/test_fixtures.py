@@ -73,9 +73,11 @@ def test_fixtures_stay_small():
     # 6.5 MiB, was 6 (and 5): the modern variants (GQA/MQA, RoPE, ALiBi, softcap; 89 cases of
     # B <= 2, lengths <= 7, head widths <= 8) added ~1 MiB to the 4.85 MiB the catalog had, the
     # sharded cases (24 of B = 2, H = 4, L = 8) another 0.33 MiB (6.23 MiB); 7 MiB since the
-    # libraries' layer shapes (catalog/libraries.py: 10 cases of B = 3, L = 7) added 0.3 MiB (6.5 MiB)
+    # libraries' layer shapes (catalog/libraries.py: 10 cases of B = 3, L = 7) added 0.3 MiB (6.5 MiB);
+    # 7.5 MiB since the sharded KV cache (SPEC 3.25: 3 value cases of B = 2, L = 6, D <= 16 and 3
+    # error cases, 41 KiB) took the total past 7 MiB (7.02 MiB)
     total = sum(p.stat().st_size for p in DEFAULT_DIR.iterdir())
-    assert total < 7 * 2**20, f"{total / 2**20:.2f} MiB"
+    assert total < 7.5 * 2**20, f"{total / 2**20:.2f} MiB"
 
 
 def test_regenerated_fixtures_agree_with_the_committed_copies(tmp_path):

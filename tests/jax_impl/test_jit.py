@@ -167,6 +167,15 @@ def _decoder_calls(rng, key):
         "self_attention_incremental": ((), {"x": _n(rng, B, LQ, D), "params": _mqa(layer["self_attn"]),
                                             "num_heads": H, "chunks": (2, 1, 1, LQ - 4), "num_kv_heads": 1,
                                             "rope": "half", "rope_base": 100.0}),
+        "init_sharded_cache": ((), {"batch_size": B, "num_heads": H, "capacity": C, "d_model": D, "num_shards": 2,
+                                    "num_kv_heads": 1, "layout": "striped"}),
+        "sharded_self_attention_step": ((), {  # the layer's cache of capacity 4 holding 1, over 2 devices
+            "x": _n(rng, B, 2, D), "params": layer["self_attn"], "num_heads": H,
+            "cache": cache["layers"][0]["self_attn"], "num_shards": 2, "layout": "contiguous"}),
+        "sharded_self_attention_incremental": ((), {
+            "x": _n(rng, B, LQ, D), "params": _mqa(layer["self_attn"]), "num_heads": H, "chunks": (2, 1, LQ - 3),
+            "num_shards": 2, "layout": "striped", "capacity": 2 * LQ, "num_kv_heads": 1, "rope": "half",
+            "alibi_slopes": np.array([0.5, 0.25, 0.125])}),  # H = 3
         "init_decoder_layer_cache": ((), {"memory": memory, "params": layer, "num_heads": H, "capacity": C}),
         "decoder_layer_step": ((), {"x": _n(rng, B, 2, D), "cache": cache["layers"][0], "params": layer,
                                     "num_heads": H, "memory_mask": pad}),
@@ -224,7 +233,7 @@ def _seq2seq_calls(rng, key):
 
 
 MODULES = ("masks", "positional", "attention", "variants", "blockwise", "sharded", "ulysses", "layers",
-           "encoder", "seq2seq", "decoder", "cache", "transformer")
+           "encoder", "seq2seq", "decoder", "cache", "sharded_cache", "transformer")
 PUBLIC = sorted(
     [name for m in MODULES for name in importlib.import_module(f"jax_impl.{m}").__all__]
     + list(interop.__all__)

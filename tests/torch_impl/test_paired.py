@@ -28,7 +28,7 @@ from conformance.protocol import FLOAT32_OUTPUTS, get_path  # noqa: E402
 from .conftest import to_numpy, to_torch  # noqa: E402
 
 #: the functions of torch_impl that take one rank's shards (no ``num_shards``)
-_LOCAL_VIEW = ("ring_attention", "ulysses_attention")
+_LOCAL_VIEW = ("ring_attention", "ulysses_attention", "sharded_self_attention_incremental")
 #: torch_impl's ring_attention (and ulysses_attention) is the local view (one rank's shards in a process group): a
 #: one-shard case calls it alone here (no process group: a ring of one), the others run on
 #: gloo ranks in tests/torch_impl/test_sharded.py and the conformance adapter

@@ -5,20 +5,21 @@ one SPEC section, as a mixin class, composed from the rules for one argument
 (``arguments.py``: :class:`~numpy_ref._contract.arguments.ArrayRules`, and
 the messages) and the key tables (``tables.py``):
 
-============== ==================== ==========================================
-module         mixin                SPEC sections
-============== ==================== ==========================================
-masks.py       ``MaskRules``        3.2 masks (3.19 alignment, 3.22 window)
-attention.py   ``AttentionRules``   3.5-3.8 softmax, sdpa, additive, mha
-variants.py    ``VariantRules``     3.23 rotary embedding, ALiBi
-blockwise.py   ``BlockwiseRules``   3.22 blockwise attention
-sharded.py     ``ShardedRules``     3.24 sharded attention
-layers.py      ``LayerRules``       3.9-3.15 layers, encoder layer and stack
-recurrent.py   ``RecurrentRules``   3.17 recurrent networks, encoder-decoder
-decoder.py     ``DecoderRules``     3.18-3.20 decoder, KV cache
-transformer.py ``TransformerRules`` 3.21 Transformer, loss, decoding
-backward.py    ``BackwardRules``    1.3 numpy_ref's backward passes
-============== ==================== ==========================================
+================ ===================== ========================================
+module           mixin                 SPEC sections
+================ ===================== ========================================
+masks.py         ``MaskRules``         3.2 masks (3.19 alignment, 3.22 window)
+attention.py     ``AttentionRules``    3.5-3.8 softmax, sdpa, additive, mha
+variants.py      ``VariantRules``      3.23 rotary embedding, ALiBi
+blockwise.py     ``BlockwiseRules``    3.22 blockwise attention
+sharded.py       ``ShardedRules``      3.24 sharded attention
+sharded_cache.py ``ShardedCacheRules`` 3.25 the sharded KV cache
+layers.py        ``LayerRules``        3.9-3.15 layers, encoder layer and stack
+recurrent.py     ``RecurrentRules``    3.17 recurrent networks, encoder-decoder
+decoder.py       ``DecoderRules``      3.18-3.20 decoder, KV cache
+transformer.py   ``TransformerRules``  3.21 Transformer, loss, decoding
+backward.py      ``BackwardRules``     1.3 numpy_ref's backward passes
+================ ===================== ========================================
 
 :class:`Rules` is all of them over ``ArrayRules``: ``rules.mha`` is found in
 ``attention.py``, ``rules.decoder_step`` in ``decoder.py``. The rules read
@@ -48,12 +49,13 @@ from .layers import LayerRules
 from .masks import MaskRules
 from .recurrent import RecurrentRules
 from .sharded import ShardedRules
+from .sharded_cache import ShardedCacheRules
 from .transformer import TransformerRules
 from .variants import VariantRules
 
 __all__ = ["Rules"]
 
 
-class Rules(MaskRules, AttentionRules, VariantRules, BlockwiseRules, ShardedRules, LayerRules,
-            RecurrentRules, DecoderRules, TransformerRules, BackwardRules, ArrayRules):
+class Rules(MaskRules, AttentionRules, VariantRules, BlockwiseRules, ShardedRules, ShardedCacheRules,
+            LayerRules, RecurrentRules, DecoderRules, TransformerRules, BackwardRules, ArrayRules):
     """Every public function's validation, bound to one mirror's arrays (see the module docstring)."""

@@ -195,11 +195,12 @@ class DecoderRules:
                      0.0, None)
         return self.chunks(chunks, int(x.shape[1]))
 
-    def _attention_cache(self, cache, name, x, B, H, Dh, T, heads="H") -> int:
+    def _attention_cache(self, cache, name, x, B, H, Dh, T, heads="H", devices=1) -> int:
         """``{"k", "v": (B, H, C, Dh), "length": int ()}`` in x's dtype and device
         (``H`` is ``Hkv``, lettered ``heads``, for a grouped cache),
-        ``0 <= length`` and ``length + T <= C`` (values checked when concrete).
-        Returns ``C``."""
+        ``0 <= length`` and ``length + T <= C`` (values checked when concrete;
+        ``C`` counts ``devices`` such blocks: one rank's block of a sharded
+        cache, SPEC 3.25). Returns ``C``."""
         self.exact_params(cache, name, ("k", "v", "length"))
         k, v, length = cache["k"], cache["v"], cache["length"]
         self.arrays({f"{name}.k": k, f"{name}.v": v, f"{name}.length": length})
@@ -212,12 +213,12 @@ class DecoderRules:
         for where, y in ((f"{name}.k", k), (f"{name}.v", v), (f"{name}.length", length)):
             self.same_device(y, where, x, "x")
         if self.is_concrete(length):
-            n = int(length.tolist())
-            if not 0 <= n <= C:
-                raise ValueError(f"{name}.length: expected a filled length in [0, C] with C={C}, got {n}")
-            if n + T > C:
-                raise ValueError(f"x: expected at most C - length = {C - n} new tokens (cache capacity "
-                                 f"C={C}, filled length={n}), got T={T}")
+            n, total = int(length.tolist()), C * devices
+            if not 0 <= n <= total:
+                raise ValueError(f"{name}.length: expected a filled length in [0, C] with C={total}, got {n}")
+            if n + T > total:
+                raise ValueError(f"x: expected at most C - length = {total - n} new tokens (cache capacity "
+                                 f"C={total}, filled length={n}), got T={T}")
         return C
 
     def _decoder_cache(self, cache, x, B, H, Dh, T, n_layers):
