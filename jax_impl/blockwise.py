@@ -32,7 +32,7 @@ from ._ops import HALF_DTYPES, _softcap, attention_scale, repeat_kv, upcast
 __all__ = ["blockwise_attention", "block_schedule"]
 
 
-def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=None, align="top_left"):
+def block_schedule(Lq, Lk, *, block_q=256, block_k=256, causal=False, window=None, align="top_left"):
     """The ``(query block, key block)`` pairs :func:`blockwise_attention` computes.
 
     Query row ``i`` sits at key position ``p = i + offset`` (``offset = 0``
@@ -54,7 +54,7 @@ def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=Non
     return _blocks.block_schedule(*args)
 
 
-def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=128, block_k=128,
+def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=256, block_k=256,
                         causal=False, window=None, align="top_left", softcap=None, alibi_slopes=None):
     """Scaled dot-product attention one ``(bq, bk)`` block of scores at a time
     (Milakov & Gimelshein 2018; Dao et al. 2022, FlashAttention).

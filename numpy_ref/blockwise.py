@@ -79,7 +79,7 @@ from ._ops import _distance, _group_sum, _sum_to_shape, attention_scale, repeat_
 __all__ = ["blockwise_attention", "blockwise_attention_backward", "block_schedule"]
 
 
-def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=None, align="top_left"):
+def block_schedule(Lq, Lk, *, block_q=256, block_k=256, causal=False, window=None, align="top_left"):
     """Which ``(query block, key block)`` pairs :func:`blockwise_attention` computes.
 
     Query row ``i`` sits at key position ``p = i + offset`` (``offset = 0``
@@ -101,7 +101,7 @@ def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=Non
 
 
 def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *,
-                        block_q=128, block_k=128, causal=False, window=None, align="top_left",
+                        block_q=256, block_k=256, causal=False, window=None, align="top_left",
                         softcap=None, alibi_slopes=None):
     """Scaled dot-product attention by the online softmax, one block of scores at a time.
 
@@ -150,7 +150,7 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *,
 
 
 def blockwise_attention_backward(d_out, q, k, v, mask=None, bias=None, scale=None, *,
-                                 block_q=128, block_k=128, causal=False, window=None,
+                                 block_q=256, block_k=256, causal=False, window=None,
                                  align="top_left", softcap=None, alibi_slopes=None,
                                  out=None, lse=None):
     """Gradient of :func:`blockwise_attention`, from ``(out, lse)`` alone.

@@ -88,7 +88,7 @@ from ._ops import _distance, attention_scale, repeat_kv, unread_to_zero, upcast
 __all__ = ["blockwise_attention", "block_schedule"]
 
 
-def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=128, block_k=128,
+def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=256, block_k=256,
                         causal=False, window=None, align="top_left", softcap=None, alibi_slopes=None):
     """Scaled dot-product attention computed block by block, with its log-sum-exp.
 
@@ -133,7 +133,7 @@ def blockwise_attention(q, k, v, mask=None, bias=None, scale=None, *, block_q=12
     return _BlockwiseAttention.apply(q, k, v, mask, bias, alibi_slopes, scale, softcap, sched)
 
 
-def block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=None, align="top_left"):
+def block_schedule(Lq, Lk, *, block_q=256, block_k=256, causal=False, window=None, align="top_left"):
     """The ``(query block, key block)`` pairs :func:`blockwise_attention` visits.
 
     Args:

@@ -299,7 +299,7 @@ def test_jit_and_eager_agree_and_skipped_blocks_are_never_traced(rng):
 # --------------------------------------------------------------------------
 
 
-def _contract_block_schedule(Lq, Lk, *, block_q=128, block_k=128, causal=False, window=None,
+def _contract_block_schedule(Lq, Lk, *, block_q=256, block_k=256, causal=False, window=None,
                              align="top_left"):
     """The brief's public ``block_schedule``, from numpy_ref's bound rules."""
     Lq, Lk = nr_rules.count(Lq, "Lq"), nr_rules.count(Lk, "Lk")

@@ -413,7 +413,7 @@ def test_cpu_flash_kernel_lse_is_not_differentiable_where_spec_lse_is():
 
 def _numpy_call(q, k, v, mask=None, bias=None, scale=None, **kw):
     arrays = [None if x is None else x.numpy() for x in (q, k, v, mask, bias)]
-    defaults = dict(block_q=128, block_k=128, causal=False, window=None, align="top_left")
+    defaults = dict(block_q=256, block_k=256, causal=False, window=None, align="top_left")
     defaults.update(kw)
     return lambda: numpy_rules.blockwise(*arrays, scale, *defaults.values())
 
