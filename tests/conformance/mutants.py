@@ -373,17 +373,22 @@ def _group_sum_by_hkv(g, G):
 
 def _ring_kv_head_by_hkv(original):
     """The ring (only) maps query head ``h`` to kv head ``h // Hkv``: right when ``G = Hkv``."""
-    from numpy_ref import sharded as S
+    from numpy_ref import _ring as R, sharded as S  # the forward in sharded, the backward in _ring
+
+    def patched():
+        stack = contextlib.ExitStack()
+        for module in (S, R):
+            stack.enter_context(mock.patch.object(module, "repeat_kv", _kv_heads_by_hkv))
+        stack.enter_context(mock.patch.object(R, "_group_sum", _group_sum_by_hkv))
+        return stack
 
     class Ring(original):
         def forward(self, *args):
-            with mock.patch.object(S, "repeat_kv", _kv_heads_by_hkv), \
-                    mock.patch.object(S, "_group_sum", _group_sum_by_hkv):
+            with patched():
                 return super().forward(*args)
 
         def backward(self, *args):
-            with mock.patch.object(S, "repeat_kv", _kv_heads_by_hkv), \
-                    mock.patch.object(S, "_group_sum", _group_sum_by_hkv):
+            with patched():
                 return super().backward(*args)
     return Ring
 
