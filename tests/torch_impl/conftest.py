@@ -23,6 +23,26 @@ def catalog(name):
     return CASES_BY_NAME[name].call().kwargs
 
 
+@pytest.fixture(scope="module")
+def pools(request):
+    """``pools(world)``: a gloo pool of ``world`` ranks for this test module, started on
+    first use and closed after it; its workers import numpy_ref, torch_impl and the test
+    module, whose module-level functions the tests send them."""
+    from conformance.backends.torch_dist import TorchDistPool
+
+    made = {}
+
+    def get(world):
+        if world not in made:
+            preload = ("numpy_ref", "torch_impl", request.module.__name__)
+            made[world] = TorchDistPool(world, timeout=90, preload=preload).start()
+        return made[world]
+
+    yield get
+    for pool in made.values():
+        pool.close()
+
+
 @pytest.fixture
 def rng(request):
     """A numpy generator seeded by the test's own name (stable, distinct per test)."""

@@ -85,22 +85,6 @@ def bad_job(how):
     return None
 
 
-@pytest.fixture(scope="module")
-def pools():
-    from conformance.backends.torch_dist import TorchDistPool
-
-    made = {}
-
-    def get(world):
-        if world not in made:
-            made[world] = TorchDistPool(world, timeout=90, preload=("numpy_ref", "torch_impl", __name__)).start()
-        return made[world]
-
-    yield get
-    for pool in made.values():
-        pool.close()
-
-
 def _want(case, N, slopes=None):
     kw = dict(case["kw"], alibi_slopes=slopes)
     out = nr.sharded_self_attention_incremental(case["x"], case["params"], H, num_shards=N, **kw)

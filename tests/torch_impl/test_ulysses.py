@@ -96,22 +96,6 @@ def bad_job(how):
     return None
 
 
-@pytest.fixture(scope="module")
-def pools():
-    from conformance.backends.torch_dist import TorchDistPool
-
-    made = {}
-
-    def get(world):
-        if world not in made:
-            made[world] = TorchDistPool(world, timeout=60, preload=("numpy_ref", "torch_impl", __name__)).start()
-        return made[world]
-
-    yield get
-    for pool in made.values():
-        pool.close()
-
-
 def _dense(case):
     kw = dict(case["kw"])
     Lq, Lk = case["q"].shape[-2], case["k"].shape[-2]
