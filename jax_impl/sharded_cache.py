@@ -98,8 +98,8 @@ def sharded_self_attention_step(x, params, num_heads, cache, *, num_shards=None,
       (module docstring).
     """
     N = _ring_size(num_shards, mesh, axis_name)
-    Hkv = rules.sharded_self_attention_step(x, params, num_heads, cache, num_kv_heads, rope, rope_base, softcap,
-                                            alibi_slopes, N, layout)  # SPEC 3.25
+    Hkv, N = rules.sharded_self_attention_step(x, params, num_heads, cache, num_kv_heads, rope, rope_base,
+                                               softcap, alibi_slopes, N, layout)  # SPEC 3.25
     mesh, axis = _ring_mesh(N, mesh, axis_name)
     run = _step_program(mesh, axis, int(num_heads), int(Hkv), rope, float(rope_base), _opt(softcap), layout)
     return run(x, params, cache, alibi_slopes)

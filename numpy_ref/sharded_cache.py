@@ -122,9 +122,9 @@ def sharded_self_attention_step(x, params, num_heads, cache, *, num_shards=1, la
     Returns:
       ``(out (B, T, D), new_cache)``; ``new_cache`` has length ``length + T``.
     """
-    Hkv = rules.sharded_self_attention_step(  # SPEC 3.25: the plain step's checks, N dividing C
+    Hkv, N = rules.sharded_self_attention_step(  # SPEC 3.25: the plain step's checks, N dividing C
         x, params, num_heads, cache, num_kv_heads, rope, rope_base, softcap, alibi_slopes, num_shards, layout)
-    devices = _Devices(cache["k"].shape[2], int(num_shards), layout)
+    devices = _Devices(cache["k"].shape[2], N, layout)
     length, T = int(cache["length"]), x.shape[1]
     positions = length + np.arange(T)  # (T,): the absolute positions of the new tokens
     q, k, v = _project(x, params, num_heads, Hkv, positions, rope, rope_base)  # (B, H|Hkv, T, Dh)

@@ -105,8 +105,8 @@ def sharded_self_attention_step(x, params, num_heads, cache, *, layout="contiguo
     """
     N = _world(group)
     try:
-        Hkv = rules.sharded_self_attention_step(x, params, num_heads, cache, num_kv_heads, rope, rope_base,
-                                                softcap, alibi_slopes, N, layout, local=True)  # SPEC 3.25
+        Hkv, _ = rules.sharded_self_attention_step(x, params, num_heads, cache, num_kv_heads, rope, rope_base,
+                                                   softcap, alibi_slopes, N, layout, local=True)  # SPEC 3.25
     except (TypeError, ValueError) as exc:  # tell the other ranks before raising, or they wait forever
         _agree(group, {"x": x, "cache.k": _get(cache, "k")}, exc)
         raise

@@ -40,11 +40,12 @@ class ShardedCacheRules:
         return B, H, C, D, Hkv, N
 
     def sharded_self_attention_step(self, x, params, num_heads, cache, num_kv_heads, rope, rope_base,
-                                    softcap, alibi_slopes, num_shards, layout, local=False) -> int:
+                                    softcap, alibi_slopes, num_shards, layout, local=False) -> tuple:
         """``sharded_self_attention_step``: :meth:`self_attention_step`'s ``x``,
         params and options; a cache of ``(B, Hkv, C, Dh)`` (``local``: this rank's
         block ``(B, Hkv, C / N, Dh)``) whose ``C`` the ``N`` shards divide, with
-        room for ``T`` more tokens in the whole cache. Returns ``Hkv``."""
+        room for ``T`` more tokens in the whole cache. Returns ``(Hkv, N)``, ``N`` a
+        Python int (a 0-d array count read once: the mirrors key programs and meshes on it)."""
         N = self._cache_shards(num_shards, layout)
         B, T, D, H, Hkv = self._self_attention(x, params, num_heads, num_kv_heads, rope, rope_base, softcap,
                                                alibi_slopes)
@@ -53,7 +54,7 @@ class ShardedCacheRules:
         if not local and C % N:
             raise ValueError(f"cache.k: expected shape (B, Hkv, C, Dh) with C divisible by {N} "
                              f"(num_shards={N}), got {shape_str(cache['k'].shape)}")
-        return Hkv
+        return Hkv, N
 
     def sharded_self_attention_incremental(self, x, params, num_heads, chunks, num_kv_heads, rope, rope_base,
                                            softcap, alibi_slopes, num_shards, layout, capacity) -> tuple:
