@@ -20,4 +20,4 @@ from .sharded_cache import *  # noqa: F401,F403
 from .seq2seq import *  # noqa: F401,F403
 from .transformer import *  # noqa: F401,F403
 
-SPEC_VERSION = "1.5"
+SPEC_VERSION = "1.6"
