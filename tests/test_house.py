@@ -253,7 +253,7 @@ LAYER_ON_LAYER = {
         ("seq2seq", "layers"): {"_CanonicalModule", "_tensors", "_uniform"},
         ("transformer", "layers"): {"_CanonicalModule", "_tensors"},
         ("ulysses", "sharded"): {"_agree", "_rank", "_world"},  # the ranks agree before an all-to-all
-        ("sharded_cache", "sharded"): {"_meta", "_rank", "_world"},  # the ring's group plumbing
+        ("sharded_cache", "sharded"): {"_agree", "_rank", "_world"},  # the ring's group plumbing
         ("cache", "attention"): {"_attend", "_project_heads"},
         ("decoder", "encoder"): {"_init_stack", "_Layer", "_Stack"},
         ("sharded", "blockwise"): {"_forward", "_Scores"},

@@ -233,9 +233,9 @@ def ring_attention(q, k, v, mask=None, scale=None, *, bias=None, causal=False, w
         _, window = rules.ring_shard(q, k, v, mask, scale, causal, align, layout, _world(group), bias, window,
                                      softcap, alibi_slopes)  # SPEC 3.24
     except (TypeError, ValueError) as exc:  # tell the other ranks before raising, or they wait forever
-        _agree(group, q, k, v, exc)
+        _agree(group, {"q": q, "k": k, "v": v}, exc)
         raise
-    _agree(group, q, k, v)
+    _agree(group, {"q": q, "k": k, "v": v})
     N, rank = _world(group), _rank(group)
     ring = _RingPlan(q, k, mask, causal, align, layout, N, rank, group, window, softcap)
     return _RingAttention.apply(q, k, v, bias, alibi_slopes, attention_scale(q, scale), ring)
@@ -254,25 +254,26 @@ def _rank(group):
     return dist.get_rank(group)
 
 
-def _agree(group, q, k, v, rejected=None):
-    """Every rank's verdict on its arguments, with one small all_gather of
-    ``(dtype, shape)`` of q, k, v and whether the rank's own checks passed:
-    the ranks raise together instead of leaving the others waiting in a ring
-    whose sends never match. No-op for a ring of one rank.
+def _agree(group, arrays, rejected=None):
+    """Every rank's verdict on its arguments, with one small all_gather of the
+    ``(dtype, shape)`` of ``arrays`` (``{name: tensor}``: the ring's q, k, v, the
+    sharded cache's x and block) and whether the rank's own checks passed:
+    the ranks raise together instead of leaving the others waiting in a
+    collective whose partners never come. No-op for a group of one rank.
 
     Raises (when this rank's own checks passed): the ValueError of
-    ``rules.same_on_every_rank`` when the ranks' q, k or v differ in dtype or
+    ``rules.same_on_every_rank`` when the ranks' arrays differ in dtype or
     shape; else, when another rank rejected its arguments, that rank's error
     (type and message) with ``(on rank r)`` appended."""
     if _world(group) == 1:
         return
-    mine = [_meta(x) for x in (q, k, v)]
+    mine = [_meta(x) for x in arrays.values()]
     verdict = None if rejected is None else (type(rejected).__name__, str(rejected))
     theirs = [None] * dist.get_world_size(group)
     dist.all_gather_object(theirs, (mine, verdict), group=group)
     if rejected is not None:
         return  # the caller raises its own error
-    for i, name in enumerate(("q", "k", "v")):
+    for i, name in enumerate(arrays):
         rules.same_on_every_rank(name, mine[i], [meta[i] for meta, _ in theirs])
     for r, (_, other) in enumerate(theirs):
         if other is not None:

@@ -48,7 +48,7 @@ from numpy_ref._contract import kv_shards as _kv
 from ._checks import float_dtype, rules
 from ._ops import alibi, merge_heads, rotary, split_heads, upcast
 from .blockwise import blockwise_attention
-from .sharded import _meta, _rank, _world, merge_attention  # the ring's group plumbing
+from .sharded import _agree, _rank, _world, merge_attention  # the ring's group plumbing
 
 __all__ = ["init_sharded_cache", "sharded_self_attention_step", "sharded_self_attention_incremental"]
 
@@ -275,25 +275,3 @@ class _Replicated(torch.autograd.Function):
             g = g.contiguous().clone()
             dist.all_reduce(g, group=ctx.group)
         return g, None, None
-
-
-def _agree(group, arrays, rejected=None):
-    """Every rank's verdict, with one small ``all_gather_object`` of the ``(dtype,
-    shape)`` of ``arrays`` (``{name: tensor}``) and whether its own checks passed, as
-    the ring's: the ranks raise together instead of waiting in a collective. No-op
-    for one rank. Raises (when this rank's checks passed) the ValueError of
-    ``rules.same_on_every_rank``, else another rank's error with ``(on rank r)``."""
-    if _world(group) == 1:
-        return
-    mine = [_meta(a) for a in arrays.values()]
-    verdict = None if rejected is None else (type(rejected).__name__, str(rejected))
-    theirs = [None] * dist.get_world_size(group)
-    dist.all_gather_object(theirs, (mine, verdict), group=group)
-    if rejected is not None:
-        return  # the caller raises its own error
-    for i, name in enumerate(arrays):
-        rules.same_on_every_rank(name, mine[i], [meta[i] for meta, _ in theirs])
-    for r, (_, other) in enumerate(theirs):
-        if other is not None:
-            kind, message = other
-            raise (TypeError if kind == "TypeError" else ValueError)(f"{message} (on rank {r})")

@@ -84,9 +84,9 @@ def ulysses_attention(q, k, v, mask=None, scale=None, *, causal=False, align="to
     try:
         rules.ulysses_shard(q, k, v, mask, scale, causal, align, layout, N)  # SPEC 3.24
     except (TypeError, ValueError) as exc:  # tell the other ranks before raising, or they wait forever
-        _agree(group, q, k, v, exc)
+        _agree(group, {"q": q, "k": k, "v": v}, exc)
         raise
-    _agree(group, q, k, v)
+    _agree(group, {"q": q, "k": k, "v": v})
     plan = _Plan(N, _rank(group), layout, group)
     qh, kh, vh = (plan.seq_to_heads(x) for x in (q, k, v))  # (B, H/N | Hkv/N, L, D): whole sequence
     m = plan.mask(mask, causal, align, q, qh.shape[-2], kh.shape[-2])

@@ -149,7 +149,8 @@ def test_ring_backward_matches_finite_differences(N, layout, causal, mask_kind):
                    {"q": q, "k": k, "v": v}, cots, ["q", "k", "v"], sample=24)
 
 
-def test_every_step_the_structure_masks_is_skipped_and_the_others_computed(monkeypatch):
+def _count_block_calls(monkeypatch):
+    """A list that records the query rows of every block the ring computes (``_block_forward``)."""
     calls = []
     original = sharded._block_forward
 
@@ -158,6 +159,11 @@ def test_every_step_the_structure_masks_is_skipped_and_the_others_computed(monke
         return original(q, *args)
 
     monkeypatch.setattr(sharded, "_block_forward", counting)
+    return calls
+
+
+def test_every_step_the_structure_masks_is_skipped_and_the_others_computed(monkeypatch):
+    calls = _count_block_calls(monkeypatch)
     rng = np.random.default_rng(0)
     q, k, v = _inputs(rng, 16, 16)
     for layout in ("contiguous", "zigzag"):
@@ -424,14 +430,7 @@ def test_a_window_skips_the_steps_outside_its_band_and_they_are_never_computed(m
     # shards of 4: device r sees key shards r - 1, r, r + 1 only
     assert band.steps == 10 and band.skipped == 6 and list(band.work()["blocks"]) == [2, 3, 3, 2]
     assert ring_schedule(16, 16, 4, causal=True, window=(3, None)).steps == 7  # the band within the triangle
-    calls = []
-    original = sharded._block_forward
-
-    def counting(q, *args):
-        calls.append(q.shape[-2])
-        return original(q, *args)
-
-    monkeypatch.setattr(sharded, "_block_forward", counting)
+    calls = _count_block_calls(monkeypatch)
     rng = np.random.default_rng(0)
     q, k, v = _inputs(rng, 16, 16)
     for layout in ("contiguous", "zigzag"):
