@@ -45,7 +45,8 @@ from jax.sharding import PartitionSpec as P
 from numpy_ref._contract import kv_shards as _kv
 
 from ._checks import float_dtype, rules
-from ._ops import _add_broadcast, merge_heads, rotary, split_heads, upcast
+from ._ops import _add_broadcast, merge_heads, rotary, upcast
+from .attention import _project_heads  # a step projects as the plain cache's does
 from .blockwise import blockwise_attention
 from .cache import LENGTH_DTYPE
 from .sharded import _ring_mesh, _ring_size, merge_attention  # the sequence axis's mesh, as the ring builds it
@@ -175,9 +176,7 @@ class _Step:
         T, C = x.shape[1], cache["k"].shape[2]
         length = jnp.asarray(cache["length"]).astype(LENGTH_DTYPE)
         positions = length + jnp.arange(T, dtype=LENGTH_DTYPE)  # (T,)
-        q = split_heads(_add_broadcast(x @ params["w_q"], params["b_q"]), self.H)  # (B, H, T, Dh)
-        k = split_heads(_add_broadcast(x @ params["w_k"], params["b_k"]), self.Hkv)  # (B, Hkv, T, Dh)
-        v = split_heads(_add_broadcast(x @ params["w_v"], params["b_v"]), self.Hkv)
+        q, k, v = _project_heads(x, x, x, params, self.H, self.Hkv)  # (B, H|Hkv, T, Dh)
         if self.rope is not None:
             q, k = rotary(q, positions, self.rope_base, self.rope), rotary(k, positions, self.rope_base, self.rope)
         seq, every = P(None, None, self.axis, None), P()

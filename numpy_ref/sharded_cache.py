@@ -62,7 +62,9 @@ import numpy as np
 from ._checks import float_dtype, rules
 from ._contract import kv_shards as _kv
 from ._ops import _matmul, alibi, merge_heads, rotary, split_heads, upcast
+from .attention import _project_heads, _rope_heads  # a step projects as the plain cache's does
 from .blockwise import blockwise_attention, blockwise_attention_backward
+from .cache import _sum_grads  # the steps' gradient shares, summed as the plain cache sums them
 from .layers import linear_backward
 from .sharded import merge_attention, merge_attention_backward
 
@@ -350,17 +352,8 @@ class _Step:
 
 def _project(x, params, H, Hkv, positions, rope, rope_base):
     """The heads of the tokens ``x (B, T, D)`` at ``positions``: ``q (B, H, T, Dh)``,
-    ``k``, ``v`` ``(B, Hkv, T, Dh)``, ``q`` and ``k`` rotated there with ``rope``."""
-    q = split_heads(_matmul(x, params["w_q"]) + params["b_q"], H)
-    k = split_heads(_matmul(x, params["w_k"]) + params["b_k"], Hkv)
-    v = split_heads(_matmul(x, params["w_v"]) + params["b_v"], Hkv)
-    if rope is not None:
-        q, k = rotary(q, positions, rope_base, rope), rotary(k, positions, rope_base, rope)
+    ``k``, ``v`` ``(B, Hkv, T, Dh)``, ``q`` and ``k`` rotated there with ``rope``
+    (as the plain cache projects them)."""
+    q, k, v = _project_heads(x, x, x, params, H, Hkv)
+    q, k = _rope_heads(q, k, rope, rope_base, positions)
     return q, k, v
-
-
-def _sum_grads(a, b):
-    """``a + b`` leaf by leaf over nested dicts (in the leaves' dtype)."""
-    if isinstance(a, dict):
-        return {key: _sum_grads(a[key], b[key]) for key in a}
-    return a + b

@@ -238,6 +238,8 @@ def test_the_example_family_of_the_docs_builds_and_its_cases_hold():
 #: helper only that mirror has: the mirror check compares the public names).
 LAYER_ON_LAYER = {
     "numpy_ref": {
+        ("sharded_cache", "attention"): {"_project_heads", "_rope_heads"},  # a sharded step projects as the cache
+        ("sharded_cache", "cache"): {"_sum_grads"},  # the steps' gradient shares, summed as the cache sums them
         ("cache", "attention"): {"_project_heads", "_rope_heads"},  # cached attention projects as dense does
         ("cache", "decoder"): {"_DecoderSublayers"},  # a cached step runs the decoder layer's sublayers
         ("decoder", "encoder"): {"_draw_missing", "_init_stack", "_Sublayers"},  # one stack recipe
@@ -247,6 +249,7 @@ LAYER_ON_LAYER = {
         ("transformer", "cache"): {"_decoder_step", "_init_cache"},  # decoding runs the cache
     },
     "torch_impl": {
+        ("sharded_cache", "attention"): {"_project_heads"},  # a sharded step projects as the cache
         ("attention", "layers"): {"_CanonicalModule", "_tensors", "_uniform"},  # the nn.Module glue
         ("encoder", "layers"): {"_CanonicalModule", "_tensors"},
         ("positional", "layers"): {"_CanonicalModule", "_tensors"},
@@ -262,6 +265,7 @@ LAYER_ON_LAYER = {
         ("transformer", "cache"): {"_decoder_cache", "_decoder_step"},
     },
     "jax_impl": {
+        ("sharded_cache", "attention"): {"_project_heads"},  # a sharded step projects as the cache
         ("cache", "attention"): {"_project_heads"},
         ("cache", "decoder"): {"_layer_body"},
         ("decoder", "encoder"): {"_draw_missing", "_init_stack"},

@@ -46,7 +46,8 @@ import torch.distributed as dist
 from numpy_ref._contract import kv_shards as _kv
 
 from ._checks import float_dtype, rules
-from ._ops import alibi, merge_heads, rotary, split_heads, upcast
+from ._ops import alibi, merge_heads, rotary, upcast
+from .attention import _project_heads  # a step projects as the plain cache's does
 from .blockwise import blockwise_attention
 from .sharded import _agree, _rank, _world, merge_attention  # the ring's group plumbing
 
@@ -210,9 +211,7 @@ class _Shards:
 
 def _project(x, params, H, Hkv, positions, rope, rope_base):
     """``q (B, H, T, Dh)``, ``k``, ``v`` ``(B, Hkv, T, Dh)`` of ``x (B, T, D)``, rotated at ``positions``."""
-    q = split_heads(x @ params["w_q"] + params["b_q"], H)
-    k = split_heads(x @ params["w_k"] + params["b_k"], Hkv)
-    v = split_heads(x @ params["w_v"] + params["b_v"], Hkv)
+    q, k, v = _project_heads(x, x, x, params, H, Hkv)
     if rope is not None:
         q, k = rotary(q, positions, rope_base, rope), rotary(k, positions, rope_base, rope)
     return q, k, v
