@@ -46,7 +46,16 @@ ZERO_RTOL = 1e-10
 EXP_OVERFLOW_F32 = math.log(np.finfo(np.float32).max)  # 88.72
 
 VALUE = [c.name for c in cases(error=False)]
-DIFFERENTIABLE = [n for n in VALUE if CASES_BY_NAME[n].call().wrt]
+
+
+@functools.lru_cache(maxsize=None)
+def drawn(name: str) -> Call:
+    """A value case's call, drawn once for the parametrizations below to read
+    (drawing runs numpy_ref's forward; a test that changes a call draws its own)."""
+    return CASES_BY_NAME[name].call()
+
+
+DIFFERENTIABLE = [n for n in VALUE if drawn(n).wrt]
 #: functions whose ``mask`` is an attention mask (``dropout``'s is a keep-mask)
 MASKED = ("softmax", "scaled_dot_product_attention", "additive_attention", "multi_head_attention",
           "encoder_layer", "encoder")
@@ -138,7 +147,7 @@ def test_zero_declarations_name_gradients_with_a_reason(name):
 
 @pytest.mark.parametrize("name", [
     n for n in VALUE
-    if CASES_BY_NAME[n].function in MASKED and CASES_BY_NAME[n].call().kwargs.get("mask") is not None
+    if CASES_BY_NAME[n].function in MASKED and drawn(n).kwargs.get("mask") is not None
 ])
 def test_every_mask_changes_the_output(name):
     call, outputs, _ = computed(name)
@@ -148,7 +157,7 @@ def test_every_mask_changes_the_output(name):
 
 @pytest.mark.parametrize("name", [
     n for n in VALUE
-    if CASES_BY_NAME[n].function in BIASED and CASES_BY_NAME[n].call().kwargs.get("bias") is not None
+    if CASES_BY_NAME[n].function in BIASED and drawn(n).kwargs.get("bias") is not None
 ])
 def test_every_bias_changes_the_output(name):
     call, outputs, _ = computed(name)
@@ -164,7 +173,7 @@ def broadcast_axes(small: tuple, full: tuple) -> list[int]:
 
 @pytest.mark.parametrize("name", [
     n for n in VALUE
-    if CASES_BY_NAME[n].function in BIASED and CASES_BY_NAME[n].call().kwargs.get("bias") is not None
+    if CASES_BY_NAME[n].function in BIASED and drawn(n).kwargs.get("bias") is not None
 ])
 def test_a_broadcast_bias_is_nontrivial_along_each_broadcast_axis(name):
     """A bias of shape ``s`` broadcast to the scores ``(..., Lq, Lk)`` has the
@@ -208,7 +217,7 @@ def keep_masks(call: Call) -> dict:
             if n.startswith(("dropout_mask", "dropout_masks")) and isinstance(m, np.ndarray)}
 
 
-@pytest.mark.parametrize("name", [n for n in VALUE if keep_masks(CASES_BY_NAME[n].call())])
+@pytest.mark.parametrize("name", [n for n in VALUE if keep_masks(drawn(n))])
 def test_every_keep_mask_drops_and_keeps(name):
     for site, keep in keep_masks(CASES_BY_NAME[name].call()).items():
         assert keep.dtype == bool
@@ -431,7 +440,7 @@ def test_a_case_named_rank_n_has_an_input_of_rank_n(name):
 
 
 def _option_cases(key):
-    return [n for n in VALUE if CASES_BY_NAME[n].call().kwargs.get(key) is not None]
+    return [n for n in VALUE if drawn(n).kwargs.get(key) is not None]
 
 
 #: an option -> the value that switches it off (or to the other convention)

@@ -9,17 +9,32 @@ the hub).
 """
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+if importlib.util.find_spec("transformers") is None:
+    pytest.skip("transformers is not installed (the `peers` extra)", allow_module_level=True)
 
-from transformers import BertConfig, LlamaConfig, Qwen2Config  # noqa: E402
-from transformers.masking_utils import (create_bidirectional_mask, create_causal_mask,  # noqa: E402
-                                        create_sliding_window_causal_mask)
-from transformers.models.bert.modeling_bert import BertLayer  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def transformers_classes():
+    """transformers' classes, imported when this file's tests run, not when pytest
+    collects them: every pytest-xdist worker collects every file, and importing
+    these costs each of them about 5 CPU seconds (issue 28)."""
+    from transformers import BertConfig, LlamaConfig, Qwen2Config
+    from transformers.masking_utils import (create_bidirectional_mask, create_causal_mask,
+                                            create_sliding_window_causal_mask)
+    from transformers.models.bert.modeling_bert import BertLayer
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    globals().update(BertConfig=BertConfig, LlamaConfig=LlamaConfig, Qwen2Config=Qwen2Config,
+                     create_bidirectional_mask=create_bidirectional_mask, create_causal_mask=create_causal_mask,
+                     create_sliding_window_causal_mask=create_sliding_window_causal_mask, BertLayer=BertLayer,
+                     LlamaAttention=LlamaAttention, LlamaRotaryEmbedding=LlamaRotaryEmbedding)
+
 
 from conformance.backends.hf_peers import (HfBertEagerPeer, HfBertSdpaPeer, HfLlamaEagerPeer,  # noqa: E402
                                            HfLlamaSdpaPeer, attention_params_from_hf, attention_params_to_hf,
