@@ -130,8 +130,33 @@ def case_file(name: str) -> str:
     return name.replace("/", "__") + ".npz"
 
 
+#: ``_npz_bytes``'s recent answers, by a digest of the arrays they encode (``generate``
+#: encodes a case to compare it byte for byte with its file, and deflating is most of that)
+_ENCODED: dict = {}
+_ENCODED_KEPT = 1024
+
+
 def _npz_bytes(arrays: dict) -> bytes:
-    """The deterministic compressed ``.npz`` of ``arrays`` (sorted keys, fixed timestamp)."""
+    """The deterministic compressed ``.npz`` of ``arrays`` (sorted keys, fixed timestamp).
+
+    A pure function of the arrays' names, dtypes, shapes and bytes, so the
+    same arrays encoded again in this process are not deflated again."""
+    digest = hashlib.blake2b(digest_size=20)
+    for key in sorted(arrays):
+        array = np.asarray(arrays[key], order="C")
+        digest.update(repr((key, array.dtype.str, array.shape)).encode())
+        digest.update(array.tobytes())
+    key = digest.digest()
+    data = _ENCODED.pop(key, None)
+    if data is None:
+        data = _deflated_npz(arrays)
+        if len(_ENCODED) >= _ENCODED_KEPT:
+            del _ENCODED[next(iter(_ENCODED))]
+    _ENCODED[key] = data  # (re)inserted last: the most recently used
+    return data
+
+
+def _deflated_npz(arrays: dict) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for key in sorted(arrays):
@@ -424,7 +449,38 @@ def _members(entry: dict, refs: dict, wrt: list) -> dict:
     return expected
 
 
+#: the arrays of the ``.npz`` files read so far, by their bytes and what they were checked
+#: against (see :func:`_read_npz`); at most :data:`_READ_KEPT` files, least recently used
+#: first out
+_READ: dict = {}
+_READ_KEPT = 4096
+
+
 def _read_npz(data: bytes, expected: dict, where: str) -> dict:
+    """The arrays of an ``.npz`` (fresh, writable copies), after checking it against ``expected``.
+
+    The same bytes checked against the same ``expected`` give the same arrays,
+    so a file this process has read before is not parsed again: the catalog's
+    ~530 files take about a second to check and parse, and a process that loads
+    the fixtures several times (the tests, a program calling the runner)
+    would pay it each time. The key is a digest of the bytes themselves, never
+    a file's name or time, so a changed file is always read anew; a refused
+    file is never kept, and is refused again with its message.
+    """
+    key = (hashlib.blake2b(data, digest_size=20).digest(),
+           frozenset((k, None if s is None else tuple(s), d, same) for k, (s, d, same) in expected.items()))
+    kept = _READ.pop(key, None)
+    if kept is None:
+        kept = _parse_npz(data, expected, where)
+        for array in kept.values():
+            array.flags.writeable = False
+        if len(_READ) >= _READ_KEPT:
+            del _READ[next(iter(_READ))]
+    _READ[key] = kept  # (re)inserted last: the most recently used
+    return {k: a.copy() for k, a in kept.items()}
+
+
+def _parse_npz(data: bytes, expected: dict, where: str) -> dict:
     """The arrays of an ``.npz``, after checking it against ``expected``.
 
     The member list and each member's ``.npy`` header (shape, dtype, declared

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import io
 import json
@@ -128,8 +129,14 @@ VALUE = "sdpa/cross/none"
 ERROR = "masks/error/padding-lengths-and-tokens"
 
 
+@functools.lru_cache(maxsize=None)
+def _committed_cases() -> dict:
+    """The committed manifest's entries by name, read once (callers get deep copies)."""
+    return {e["name"]: e for e in load_manifest()["cases"]}
+
+
 def _committed_entry(name):
-    return copy.deepcopy(next(e for e in load_manifest()["cases"] if e["name"] == name))
+    return copy.deepcopy(_committed_cases()[name])
 
 
 def _folder(tmp_path, entries, files=(VALUE, ERROR)):
@@ -426,3 +433,47 @@ def test_npz_members_disagreeing_with_the_manifest_are_refused(tmp_path, changes
     with pytest.raises(FixtureError) as info:
         load_fixture(entry, folder)
     assert message in str(info.value) and str(info.value).startswith(f"{VALUE}: {entry['file']}: ")
+
+
+def test_a_file_read_again_is_not_parsed_again_and_its_arrays_are_fresh_copies(tmp_path, tmp_path_factory, monkeypatch):
+    """``_read_npz`` keeps what it parsed, keyed by the bytes' digest: the same file
+    read twice is parsed once and each read gets its own writable arrays (a caller
+    that changes one changes nothing the next read sees); a file whose bytes changed
+    is parsed again and gives its new values; a refused file is refused every time."""
+    monkeypatch.setattr(fixtures_module, "_READ", {})
+    parses = []
+    real = fixtures_module._parse_npz
+    monkeypatch.setattr(fixtures_module, "_parse_npz", lambda *a: parses.append(a[2]) or real(*a))
+    entry, folder = _write_members(tmp_path, _members())
+    first = load_fixture(entry, folder)
+    first.outputs["out"][...] = 7.0
+    second = load_fixture(entry, folder)
+    assert len(parses) == 1
+    np.testing.assert_array_equal(second.outputs["out"], _committed_arrays()["out/out"])
+
+    changed = _committed_arrays()["out/out"] * 2
+    entry, folder = _write_members(tmp_path_factory.mktemp("changed"), _members(out__out=_npy(changed)))
+    np.testing.assert_array_equal(load_fixture(entry, folder).outputs["out"], changed)
+    assert len(parses) == 2
+
+    header = {"descr": "|O", "fortran_order": False, "shape": (2, 3, 5, 4)}
+    entry, folder = _write_members(tmp_path_factory.mktemp("refused"), _members(in__q=_npy(header=header)))
+    for _ in range(2):
+        with pytest.raises(FixtureError, match="in/q: dtype |O refused"):
+            load_fixture(entry, folder)
+    assert len(parses) == 4
+
+
+def test_an_encoding_is_reused_only_for_the_same_names_dtypes_shapes_and_bytes():
+    """``_npz_bytes`` keeps its recent answers; the same bytes under another name,
+    shape or dtype are another file."""
+    a = np.arange(6.0)
+    first = fixtures_module._npz_bytes({"x": a})
+    assert first == fixtures_module._npz_bytes({"x": a.copy()}) == fixtures_module._deflated_npz({"x": a})
+    others = [{"y": a}, {"x": a.reshape(2, 3)}, {"x": a.view(np.int64)}, {"x": a, "z": a}]
+    encoded = [fixtures_module._npz_bytes(arrays) for arrays in others]
+    assert len({first, *encoded}) == 1 + len(others)
+    for arrays, data in zip(others, encoded):
+        with np.load(io.BytesIO(data)) as npz:
+            assert {k: (npz[k].dtype, npz[k].shape) for k in npz.files} == {
+                k: (v.dtype, v.shape) for k, v in arrays.items()}
