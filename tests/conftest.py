@@ -17,11 +17,20 @@ on this 2-core machine, tests/jax_impl/test_blockwise.py and test_jit.py
 43.1 s with it (wall time within the noise of a shared machine): one device
 or eight, a single-device program compiles and runs the same, and every
 other test uses ``jax.devices()[0]``.
+
+The tests keep their compiled programs in the main command's persistent
+compilation cache (``conformance.xla.use_compilation_cache``: the user's cache
+directory; ``ATTENTION_SPEC_NO_COMPILE_CACHE=1`` turns it off). JAX keys an
+entry by the program's HLO, the flags and the jaxlib, so a loaded program is
+the very one a compile would give: a second run of the tests, or the tests
+after the main command (``.ci/run``: the catalog's batches are the same
+programs), loads instead of compiling.
 """
-from conformance.xla import use_fast_compile, use_host_devices
+from conformance.xla import use_compilation_cache, use_fast_compile, use_host_devices
 
 use_fast_compile()
 use_host_devices()  # 8 simulated CPU devices, as the main command has
+use_compilation_cache()
 
 try:  # JAX is an optional extra
     import jax
