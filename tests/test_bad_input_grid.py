@@ -32,7 +32,7 @@ so the grid calls them on the base call whose ``num_shards`` is 1 (without that
 argument).
 
 numpy_ref and torch_impl walk the whole grid in the fast tier (about 4 s);
-jax_impl compiles every new shape eagerly, so the fast tier walks every 8th
+jax_impl compiles every new shape eagerly, so the fast tier walks every 16th
 call of each function and the slow tier the rest.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ NONE_OK = OPTIONAL | {"window", "softcap", "num_kv_heads", "rope", "num_shards",
 #: functions whose ``window`` is required (blockwise's None means "no window")
 WINDOW_REQUIRED = {"sliding_window_mask"}
 #: JAX's fast tier: every JAX_STRIDE-th call of each function (the slow tier: the others)
-JAX_STRIDE = 8
+JAX_STRIDE = 16
 
 
 def _is_count(value) -> bool:

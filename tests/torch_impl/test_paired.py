@@ -25,6 +25,7 @@ from conformance.vocabulary import NOT_DIFFERENTIABLE  # noqa: E402
 from conformance.invoke import name_outputs, numpy_forward, split_args  # noqa: E402
 from conformance.protocol import FLOAT32_OUTPUTS, get_path  # noqa: E402
 
+from ..tiers import first_of_each  # noqa: E402
 from .conftest import to_numpy, to_torch  # noqa: E402
 
 #: the functions of torch_impl that take one rank's shards (no ``num_shards``)
@@ -71,12 +72,14 @@ def test_masks_and_tables_equal_numpy_ref_exactly(case):
 
 
 def _dtype_params():
+    """Every value case on each path in float32 and bfloat16; the fast tier takes the
+    first two cases of each (function, path, dtype), the slow tier the rest."""
     params = []
     for case in VALUES:
         for path in ("math", "fused") if case.function in FUSED else ("math",):
             for dtype in (torch.float32, torch.bfloat16):
                 params.append(pytest.param(case, path, dtype, id=f"{path}-{str(dtype)[6:]}-{case.name}"))
-    return params
+    return first_of_each(params, key=lambda v: (v[0].function, v[1], v[2]), n=2)
 
 
 @pytest.mark.parametrize(("case", "path", "dtype"), _dtype_params())
