@@ -28,8 +28,8 @@ import importlib.util
 import mmap
 import os
 
-__all__ = ["XLA_FAST_COMPILE", "HOST_DEVICES", "NO_CACHE_ENV", "use_fast_compile", "use_host_devices",
-           "compilation_cache_dir", "use_compilation_cache"]
+__all__ = ["XLA_FAST_COMPILE", "HOST_DEVICES", "NO_CACHE_ENV", "PHASES_ENV", "use_fast_compile", "use_host_devices",
+           "compilation_cache_dir", "use_compilation_cache", "record_phases"]
 
 XLA_FAST_COMPILE = {
     "xla_backend_optimization_level": "0",
@@ -123,3 +123,49 @@ def use_compilation_cache(path: str | None = None) -> str | None:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
     return path
+
+
+#: a file to which every process that runs the JAX adapter appends, when it exits, one JSON
+#: line of JAX's own time split (``record_phases``); the suite benchmark sets it
+PHASES_ENV = "ATTENTION_SPEC_JAX_PHASES"
+
+#: JAX's duration events (``jax.monitoring``) -> the phase of a program they time
+PHASES = {
+    "/jax/core/compile/jaxpr_trace_duration": "trace",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+    "/jax/core/compile/backend_compile_duration": "compile or load",
+    "/jax/compilation_cache/cache_retrieval_time_sec": "of which load from the cache",
+}
+_recording: list = []
+
+
+def record_phases() -> bool:
+    """If :data:`PHASES_ENV` names a file, add up this process's JAX time by phase
+    (tracing a program, lowering it to StableHLO, compiling it or loading it from
+    the persistent cache) and append ``{"pid", "phases": {phase: {"seconds",
+    "events"}}}`` to the file at exit. Once per process; True when recording."""
+    path = os.environ.get(PHASES_ENV, "")
+    if not path or _recording:
+        return bool(_recording)
+    import atexit
+    import json
+
+    import jax.monitoring
+
+    totals: dict = {}
+
+    def listener(event, seconds, **_):
+        phase = PHASES.get(event)
+        if phase is not None:
+            total = totals.setdefault(phase, {"seconds": 0.0, "events": 0})
+            total["seconds"] += seconds
+            total["events"] += 1
+
+    def write():
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"pid": os.getpid(), "phases": totals}) + "\n")
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    atexit.register(write)
+    _recording.append(path)
+    return True

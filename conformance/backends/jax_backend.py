@@ -73,6 +73,9 @@ class JaxBackend(Backend):
         """float64 on, and the device: ``"cpu"``, ``"gpu"``, ``"tpu"`` or ``"gpu:1"``."""
         import jax
 
+        from ..xla import record_phases
+
+        record_phases()  # only where the suite benchmark asks (ATTENTION_SPEC_JAX_PHASES)
         if self._saved_x64 is None:
             self._saved_x64 = bool(jax.config.jax_enable_x64)
         jax.config.update("jax_enable_x64", True)

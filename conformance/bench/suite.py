@@ -13,7 +13,8 @@ of this one and on this machine:
 
 For each it prints the wall time and the CPU time (user + system, of the
 child and everything it waited for: ``os.wait4``) next to the budget that
-issue 28 set, then the slowest test files, tests and catalog cases (a case's
+issue 28 set, JAX's own split of the main command's time (tracing, lowering,
+compiling or loading each program: ``conformance.xla.record_phases``), then the slowest test files, tests and catalog cases (a case's
 own run; the compile of its function's batch is not in it). Nothing is
 asserted: a benchmark reports, a timed test would fail on a busy machine.
 The figures go to ``bench-results/suite.json`` too.
@@ -30,6 +31,8 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+
+from ..xla import PHASES, PHASES_ENV
 
 #: (wall s, CPU s) budgets of issue 28 on a quiet 2-core machine; None: no budget
 BUDGETS = {
@@ -62,6 +65,20 @@ def timed(argv, cwd=None, env=None) -> dict:
         text = out.read()
     return {"wall": wall, "user": usage.ru_utime, "sys": usage.ru_stime,
             "cpu": usage.ru_utime + usage.ru_stime, "rc": proc.returncode, "out": text}
+
+
+def jax_phases(path: pathlib.Path) -> dict:
+    """``{phase: {"seconds", "events"}}`` summed over the lines the processes of one run
+    appended to ``path`` (``conformance.xla.record_phases``); empty without JAX."""
+    totals: dict = {}
+    if not path.is_file():
+        return totals
+    for line in path.read_text(encoding="utf-8").splitlines():
+        for phase, t in json.loads(line)["phases"].items():
+            total = totals.setdefault(phase, {"seconds": 0.0, "events": 0})
+            total["seconds"] += t["seconds"]
+            total["events"] += t["events"]
+    return totals
 
 
 def pytest_durations(text: str) -> tuple[list, list]:
@@ -136,8 +153,10 @@ def main(argv=None) -> int:
             env.pop("ATTENTION_SPEC_NO_COMPILE_CACHE", None)
             for name, report in (("main command, cold", "cold.json"), ("main command, warm", "warm.json")):
                 print(f"running {name}: python -m conformance", flush=True)
+                phases = scratch / f"{report}.phases"
                 runs[name] = timed([sys.executable, "-m", "conformance", "--json", str(scratch / report)],
-                                   env=env)
+                                   env={**env, PHASES_ENV: str(phases)})
+                runs[name]["jax_phases"] = jax_phases(phases)
             if (scratch / "warm.json").is_file():
                 lists["slowest cases (warm run)"] = slowest_cases(scratch / "warm.json")[:args.top]
         tiers = [] if args.no_tests else [("pytest -q (fast tier)", [])] + (
@@ -158,6 +177,13 @@ def main(argv=None) -> int:
     for name, r in runs.items():
         print(f"{name:<24} {r['wall']:>8.1f} {r['cpu']:>8.1f} {r['user']:>8.1f} {r['sys']:>6.1f}  "
               f"{r['rc']:>4}  {_budget_cell(name, r['wall'], r['cpu'])}")
+    phased = {name: r["jax_phases"] for name, r in runs.items() if r.get("jax_phases")}
+    if phased:
+        print("\nJAX's own time by phase (jax.monitoring; every process that ran the JAX adapter):")
+        print(f"  {'phase':<30}" + "".join(f"{name:>26}" for name in phased))
+        for phase in PHASES.values():
+            cells = [p.get(phase, {"seconds": 0.0, "events": 0}) for p in phased.values()]
+            print(f"  {phase:<30}" + "".join(f"{c['seconds']:>10.1f} s {c['events']:>5} events" for c in cells))
     for title, rows in lists.items():
         print(f"\n{title}:")
         for row in rows:

@@ -57,3 +57,33 @@ def test_the_bench_command_dispatches_the_suite_preset(capsys, tmp_path):
     printed = capsys.readouterr().out
     assert printed.startswith("machine: cpu ") and "command" in printed
     assert json.loads(out.read_text())["runs"] == {}
+
+
+def test_each_jax_process_appends_its_phases_and_the_bench_sums_them(tmp_path):
+    """``conformance.xla.record_phases`` in two processes (the main command's workers):
+    one JSON line each at exit, summed by phase; one new program is one trace, one
+    lowering and one compile."""
+    import os
+    import subprocess
+
+    import pytest
+
+    pytest.importorskip("jax")
+    from conformance.xla import PHASES_ENV
+
+    path = tmp_path / "phases.jsonl"
+    program = ("from conformance.xla import record_phases\n"
+               "assert record_phases() and record_phases()\n"  # a second call records nothing twice
+               "import jax, jax.numpy as jnp\n"
+               "jax.jit(lambda x: jnp.sin(x) * 2)(jnp.ones(3)).block_until_ready()\n")
+    env = {**os.environ, PHASES_ENV: str(path), "ATTENTION_SPEC_NO_COMPILE_CACHE": "1"}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", program], env=env, check=True)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 and len({json.loads(line)["pid"] for line in lines}) == 2
+    phases = suite.jax_phases(path)
+    for phase in ("trace", "lower", "compile or load"):
+        assert phases[phase]["events"] >= 2 and phases[phase]["seconds"] > 0, (phase, phases)
+    assert "of which load from the cache" not in phases  # the cache was off
+    assert suite.jax_phases(tmp_path / "none") == {}
