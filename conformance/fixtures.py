@@ -133,7 +133,7 @@ def case_file(name: str) -> str:
 #: ``_npz_bytes``'s recent answers, by a digest of the arrays they encode (``generate``
 #: encodes a case to compare it byte for byte with its file, and deflating is most of that)
 _ENCODED: dict = {}
-_ENCODED_KEPT = 1024
+_ENCODED_KEPT_BYTES = 64 * 2**20  # the catalog's files are about 7 MB
 
 
 def _npz_bytes(arrays: dict) -> bytes:
@@ -150,9 +150,10 @@ def _npz_bytes(arrays: dict) -> bytes:
     data = _ENCODED.pop(key, None)
     if data is None:
         data = _deflated_npz(arrays)
-        if len(_ENCODED) >= _ENCODED_KEPT:
-            del _ENCODED[next(iter(_ENCODED))]
-    _ENCODED[key] = data  # (re)inserted last: the most recently used
+        while _ENCODED and sum(map(len, _ENCODED.values())) + len(data) > _ENCODED_KEPT_BYTES:
+            del _ENCODED[next(iter(_ENCODED))]  # the least recently used out
+    if len(data) <= _ENCODED_KEPT_BYTES:
+        _ENCODED[key] = data  # (re)inserted last: the most recently used
     return data
 
 
@@ -450,10 +451,11 @@ def _members(entry: dict, refs: dict, wrt: list) -> dict:
 
 
 #: the arrays of the ``.npz`` files read so far, by their bytes and what they were checked
-#: against (see :func:`_read_npz`); at most :data:`_READ_KEPT` files, least recently used
-#: first out
+#: against (see :func:`_read_npz`), least recently used first out once they hold more than
+#: :data:`_READ_KEPT_BYTES` (the catalog's arrays hold about 8 MB)
 _READ: dict = {}
-_READ_KEPT = 4096
+_READ_KEPT_BYTES = 256 * 2**20
+_read_bytes = [0]  # what _READ's arrays hold
 
 
 def _read_npz(data: bytes, expected: dict, where: str) -> dict:
@@ -474,8 +476,12 @@ def _read_npz(data: bytes, expected: dict, where: str) -> dict:
         kept = _parse_npz(data, expected, where)
         for array in kept.values():
             array.flags.writeable = False
-        if len(_READ) >= _READ_KEPT:
-            del _READ[next(iter(_READ))]
+        size = sum(a.nbytes for a in kept.values())
+        if size > _READ_KEPT_BYTES:  # larger than the whole budget: handed out, never kept
+            return {k: a.copy() for k, a in kept.items()}
+        while _READ and _read_bytes[0] + size > _READ_KEPT_BYTES:  # the least recently used out
+            _read_bytes[0] -= sum(a.nbytes for a in _READ.pop(next(iter(_READ))).values())
+        _read_bytes[0] += size
     _READ[key] = kept  # (re)inserted last: the most recently used
     return {k: a.copy() for k, a in kept.items()}
 
