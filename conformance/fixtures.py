@@ -130,10 +130,33 @@ def case_file(name: str) -> str:
     return name.replace("/", "__") + ".npz"
 
 
+class _Recent:
+    """Values by key, the least recently used dropped once their sizes (``size_of``)
+    add up to more than ``budget`` bytes; a value larger than the whole budget is not kept."""
+
+    def __init__(self, budget: int, size_of):
+        self.budget, self.size_of, self.items, self.size = budget, size_of, {}, 0
+
+    def get(self, key):
+        value = self.items.pop(key, None)
+        if value is not None:
+            self.items[key] = value  # (re)inserted last: the most recently used
+        return value
+
+    def put(self, key, value) -> None:
+        size = self.size_of(value)
+        if size > self.budget:
+            return
+        while self.items and self.size + size > self.budget:
+            self.size -= self.size_of(self.items.pop(next(iter(self.items))))
+        self.items[key] = value
+        self.size += size
+
+
 #: ``_npz_bytes``'s recent answers, by a digest of the arrays they encode (``generate``
-#: encodes a case to compare it byte for byte with its file, and deflating is most of that)
-_ENCODED: dict = {}
-_ENCODED_KEPT_BYTES = 64 * 2**20  # the catalog's files are about 7 MB
+#: encodes a case to compare it byte for byte with its file, and deflating is most of that;
+#: the catalog's files are about 7 MB)
+_ENCODED = _Recent(64 * 2**20, len)
 
 
 def _npz_bytes(arrays: dict) -> bytes:
@@ -147,13 +170,10 @@ def _npz_bytes(arrays: dict) -> bytes:
         digest.update(repr((key, array.dtype.str, array.shape)).encode())
         digest.update(array.tobytes())
     key = digest.digest()
-    data = _ENCODED.pop(key, None)
+    data = _ENCODED.get(key)
     if data is None:
         data = _deflated_npz(arrays)
-        while _ENCODED and sum(map(len, _ENCODED.values())) + len(data) > _ENCODED_KEPT_BYTES:
-            del _ENCODED[next(iter(_ENCODED))]  # the least recently used out
-    if len(data) <= _ENCODED_KEPT_BYTES:
-        _ENCODED[key] = data  # (re)inserted last: the most recently used
+        _ENCODED.put(key, data)
     return data
 
 
@@ -451,11 +471,8 @@ def _members(entry: dict, refs: dict, wrt: list) -> dict:
 
 
 #: the arrays of the ``.npz`` files read so far, by their bytes and what they were checked
-#: against (see :func:`_read_npz`), least recently used first out once they hold more than
-#: :data:`_READ_KEPT_BYTES` (the catalog's arrays hold about 8 MB)
-_READ: dict = {}
-_READ_KEPT_BYTES = 256 * 2**20
-_read_bytes = [0]  # what _READ's arrays hold
+#: against (see :func:`_read_npz`); the catalog's arrays hold about 8 MB
+_READ = _Recent(256 * 2**20, lambda arrays: sum(a.nbytes for a in arrays.values()))
 
 
 def _read_npz(data: bytes, expected: dict, where: str) -> dict:
@@ -471,18 +488,12 @@ def _read_npz(data: bytes, expected: dict, where: str) -> dict:
     """
     key = (hashlib.blake2b(data, digest_size=20).digest(),
            frozenset((k, None if s is None else tuple(s), d, same) for k, (s, d, same) in expected.items()))
-    kept = _READ.pop(key, None)
+    kept = _READ.get(key)
     if kept is None:
         kept = _parse_npz(data, expected, where)
         for array in kept.values():
             array.flags.writeable = False
-        size = sum(a.nbytes for a in kept.values())
-        if size > _READ_KEPT_BYTES:  # larger than the whole budget: handed out, never kept
-            return {k: a.copy() for k, a in kept.items()}
-        while _READ and _read_bytes[0] + size > _READ_KEPT_BYTES:  # the least recently used out
-            _read_bytes[0] -= sum(a.nbytes for a in _READ.pop(next(iter(_READ))).values())
-        _read_bytes[0] += size
-    _READ[key] = kept  # (re)inserted last: the most recently used
+        _READ.put(key, kept)
     return {k: a.copy() for k, a in kept.items()}
 
 

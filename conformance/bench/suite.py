@@ -14,8 +14,9 @@ of this one and on this machine:
 For each it prints the wall time and the CPU time (user + system, of the
 child and everything it waited for: ``os.wait4``) next to the budget that
 issue 28 set, JAX's own split of the main command's time (tracing, lowering,
-compiling or loading each program: ``conformance.xla.record_phases``), then the slowest test files, tests and catalog cases (a case's
-own run; the compile of its function's batch is not in it). Nothing is
+compiling or loading each program: ``conformance.xla.record_phases``), then
+the slowest test files, tests and catalog cases (a case's own run; the
+compile of its function's batch is not in it). Nothing is
 asserted: a benchmark reports, a timed test would fail on a busy machine.
 The figures go to ``bench-results/suite.json`` too.
 """

@@ -440,8 +440,7 @@ def test_a_file_read_again_is_not_parsed_again_and_its_arrays_are_fresh_copies(t
     read twice is parsed once and each read gets its own writable arrays (a caller
     that changes one changes nothing the next read sees); a file whose bytes changed
     is parsed again and gives its new values; a refused file is refused every time."""
-    monkeypatch.setattr(fixtures_module, "_READ", {})
-    monkeypatch.setattr(fixtures_module, "_read_bytes", [0])
+    monkeypatch.setattr(fixtures_module, "_READ", fixtures_module._Recent(2**30, fixtures_module._READ.size_of))
     parses = []
     real = fixtures_module._parse_npz
     monkeypatch.setattr(fixtures_module, "_parse_npz", lambda *a: parses.append(a[2]) or real(*a))
@@ -481,10 +480,9 @@ def test_an_encoding_is_reused_only_for_the_same_names_dtypes_shapes_and_bytes()
 
 
 def test_the_files_kept_stay_within_their_byte_budget_least_recently_used_out(tmp_path, monkeypatch):
-    """Over ``_READ_KEPT_BYTES``, the file read longest ago is dropped (and parsed again
+    """Over the budget, the file read longest ago is dropped (and parsed again
     when read again); a file larger than the whole budget is read but never kept."""
-    monkeypatch.setattr(fixtures_module, "_READ", {})
-    monkeypatch.setattr(fixtures_module, "_read_bytes", [0])
+    monkeypatch.setattr(fixtures_module, "_READ", fixtures_module._Recent(2**30, fixtures_module._READ.size_of))
     parses = []
     real = fixtures_module._parse_npz
     monkeypatch.setattr(fixtures_module, "_parse_npz", lambda *a: parses.append(a[2]) or real(*a))
@@ -493,11 +491,11 @@ def test_the_files_kept_stay_within_their_byte_budget_least_recently_used_out(tm
         data = fixtures_module._npz_bytes({"x": np.full(100, ord(name), dtype=np.float64)})
         read[name] = lambda data=data, name=name: fixtures_module._read_npz(
             data, {"x": ((100,), frozenset({"float64"}), None)}, name)
-    monkeypatch.setattr(fixtures_module, "_READ_KEPT_BYTES", 2000)  # room for two
+    monkeypatch.setattr(fixtures_module._READ, "budget", 2000)  # room for two
     read["a"](), read["b"](), read["a"](), read["c"]()  # c pushes out b, read longest ago
-    assert parses == ["a", "b", "c"] and fixtures_module._read_bytes == [1600]
+    assert parses == ["a", "b", "c"] and fixtures_module._READ.size == 1600
     read["a"](), read["b"]()
     assert parses == ["a", "b", "c", "b"]
-    monkeypatch.setattr(fixtures_module, "_READ_KEPT_BYTES", 700)  # no file fits
+    monkeypatch.setattr(fixtures_module._READ, "budget", 700)  # no file fits
     assert read["c"]()["x"][0] == ord("c") and read["c"]()["x"][0] == ord("c")
     assert parses == ["a", "b", "c", "b", "c", "c"]
